@@ -1,0 +1,1 @@
+"""Workloads, load drivers and benchmarks."""

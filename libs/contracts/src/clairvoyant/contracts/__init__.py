@@ -1,0 +1,1 @@
+"""Clairvoyant gRPC contracts (generated from proto/clairvoyant/v1)."""

@@ -1,0 +1,1 @@
+"""Shared configuration, errors, telemetry, event bus, registry and value types."""

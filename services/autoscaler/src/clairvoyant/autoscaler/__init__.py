@@ -1,0 +1,1 @@
+"""The autoscaler service.  Its code lands with its own issue; see README.md in this package."""

@@ -1,0 +1,1 @@
+"""The profiler service.  Its code lands with its own issue; see README.md in this package."""

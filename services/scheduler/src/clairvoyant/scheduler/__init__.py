@@ -1,0 +1,1 @@
+"""Global queues per model, priority and routing policies."""

@@ -1,0 +1,238 @@
+"""The global scheduler core: per-model bounded queues, placement accounting, worker liveness.
+
+Pure: every call takes ``now`` (monotonic seconds) and nothing here reads a clock, sleeps or does
+I/O, so the live service and the simulator drive the same object.  Not thread-safe; the service
+calls it from its event loop only.
+
+    submit ──> queue[model] ──dispatch──> placed[worker] ──complete──> (capacity freed)
+                  │ cancel                     │ worker silent for factor × interval
+                  v                            v
+               (gone)               expire_workers: placements failed, orphaned queue rejected
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from clairvoyant.contracts.v1 import worker_pb2
+from clairvoyant.core.errors import InvalidRequest, NoWorkers, QueueFull
+from clairvoyant.scheduler.core.policies import PriorityPolicy, RoutingPolicy, build_policies, eligible_workers
+from clairvoyant.scheduler.core.types import (
+    Decision,
+    ExpiredWorker,
+    QueuedRequest,
+    QueueState,
+    SchedulerSnapshot,
+    WorkerReport,
+    WorkerView,
+)
+
+
+class GlobalScheduler:
+    def __init__(
+        self,
+        priority: PriorityPolicy,
+        routing: RoutingPolicy,
+        *,
+        policy_name: str = "",
+        max_queue_per_model: int = 1024,
+        queue_retry_after_s: float = 1.0,
+        heartbeat_timeout_factor: float = 3.0,
+        default_heartbeat_interval_s: float = 1.0,
+    ) -> None:
+        if max_queue_per_model < 1:
+            raise ValueError("max_queue_per_model must be at least 1")
+        self.priority_policy = priority
+        self.routing_policy = routing
+        self.policy_name = policy_name
+        self.max_queue_per_model = max_queue_per_model
+        self.queue_retry_after_s = queue_retry_after_s
+        self.heartbeat_timeout_factor = heartbeat_timeout_factor
+        self.default_heartbeat_interval_s = default_heartbeat_interval_s
+        # model -> request id -> request; dicts keep submission order, the last tie-break.
+        self._queues: dict[str, dict[str, QueuedRequest]] = {}
+        self._workers: dict[str, WorkerView] = {}
+        self._reported_draining: dict[str, bool] = {}
+        self._operator_drained: set[str] = set()  # survives a worker's expiry and return
+        self._placements: dict[str, tuple[str, QueuedRequest]] = {}  # request id -> (worker id, request)
+
+    @classmethod
+    def from_preset(cls, preset: str, **options: Any) -> GlobalScheduler:
+        """A scheduler with fresh policies of a registered preset; ``options`` as for __init__."""
+        priority, routing = build_policies(preset)
+        return cls(priority, routing, policy_name=preset, **options)
+
+    # ---- requests -------------------------------------------------------------------------------
+
+    def submit(self, request: QueuedRequest, now: float) -> None:
+        """Queue ``request`` (``dispatch`` places it).
+
+        Raises NoWorkers when no live worker serves the model (draining ones count: they may be
+        resumed) or every one of them is excluded; QueueFull (with retry_after_s) when the model's
+        queue is at capacity; InvalidRequest when the id is already queued.  Re-submitting an id
+        that holds a placement releases that placement first: the caller has given up on it.
+        """
+        if not self._can_ever_serve(request):
+            raise NoWorkers(f"no live worker serves model {request.model!r}", param="model")
+        queue = self._queues.setdefault(request.model, {})
+        if request.request_id in queue:
+            raise InvalidRequest(f"request {request.request_id!r} is already queued", param="request_id")
+        if len(queue) >= self.max_queue_per_model:
+            raise QueueFull(
+                f"the queue for model {request.model!r} is full ({self.max_queue_per_model} requests)",
+                retry_after_s=self.queue_retry_after_s,
+            )
+        self.complete(request.request_id)
+        queue[request.request_id] = request
+
+    def cancel(self, request_id: str) -> bool:
+        """Remove a request that is still waiting (its caller went away).  False if not queued."""
+        for queue in self._queues.values():
+            if queue.pop(request_id, None) is not None:
+                return True
+        return False
+
+    def complete(self, request_id: str, worker_id: str | None = None) -> bool:
+        """Release a placement.  Idempotent: False when unknown or already released, or when
+        ``worker_id`` is given and the placement is on another worker (a stale completion)."""
+        held = self._placements.get(request_id)
+        if held is None or (worker_id and held[0] != worker_id):
+            return False
+        del self._placements[request_id]
+        worker = self._workers.get(held[0])
+        if worker is not None:
+            self._workers[worker.worker_id] = dataclasses.replace(worker, placed=worker.placed - 1)
+        return True
+
+    def dispatch(self, now: float) -> list[Decision]:
+        """Place queued requests, highest priority first, while the routing policy finds room.
+
+        Models are independent: one model's stuck queue never holds back another.  Within a model,
+        dispatch stops at the first request the policy answers None for, even if a lower-priority
+        request could be placed; skipping ahead would let small or unconstrained requests starve
+        the head of the queue, and priority order is the contract the policies are written for.
+        """
+        decisions: list[Decision] = []
+        for model, queue in self._queues.items():
+            if not queue or not any(w.model == model and w.has_room and not w.draining for w in self._workers.values()):
+                continue  # nothing can move: skip ranking a long queue
+            ranked = sorted(
+                ((self.priority_policy.priority(r, now), r) for r in queue.values()),
+                key=lambda pr: (-pr[0], pr[1].arrival_time),
+            )
+            for priority, request in ranked:
+                workers = list(self._workers.values())
+                worker_id = self.routing_policy.route(request, workers, now)
+                if worker_id is None:
+                    break
+                if worker_id not in {w.worker_id for w in eligible_workers(request, workers)}:
+                    raise RuntimeError(f"routing policy chose ineligible worker {worker_id!r}")
+                del queue[request.request_id]
+                worker = self._workers[worker_id]
+                worker = self._workers[worker_id] = dataclasses.replace(worker, placed=worker.placed + 1)
+                self._placements[request.request_id] = (worker_id, request)
+                decisions.append(Decision(request.request_id, worker, priority, now - request.arrival_time))
+        return decisions
+
+    # ---- workers --------------------------------------------------------------------------------
+
+    def update_worker(self, report: WorkerReport | worker_pb2.WorkerStats, now: float) -> WorkerView:
+        """Record a heartbeat; a new (or returning) worker joins with no placements."""
+        if isinstance(report, worker_pb2.WorkerStats):
+            report = WorkerReport.from_proto(report)
+        previous = self._workers.get(report.worker_id)
+        self._reported_draining[report.worker_id] = report.draining
+        view = WorkerView(
+            worker_id=report.worker_id,
+            model=report.model,
+            address=report.address,
+            http_address=report.http_address,
+            running=report.running,
+            queued=report.queued,
+            placed=previous.placed if previous is not None else 0,
+            max_batch=report.max_batch,
+            kv_blocks_used=report.kv_blocks_used,
+            kv_blocks_total=report.kv_blocks_total,
+            max_model_len=report.max_model_len,
+            draining=report.draining or report.worker_id in self._operator_drained,
+            last_heartbeat=now,
+            heartbeat_interval_s=report.heartbeat_interval_s or self.default_heartbeat_interval_s,
+        )
+        self._workers[report.worker_id] = view
+        return view
+
+    def drain(self, worker_id: str, drain: bool = True) -> bool:
+        """Stop (or resume) new placements on a worker; existing ones finish.  False if unknown."""
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            return False
+        if drain:
+            self._operator_drained.add(worker_id)
+        else:
+            self._operator_drained.discard(worker_id)
+        draining = drain or self._reported_draining.get(worker_id, False)
+        self._workers[worker_id] = dataclasses.replace(worker, draining=draining)
+        return True
+
+    def expire_workers(self, now: float) -> list[ExpiredWorker]:
+        """Remove workers silent for more than heartbeat_timeout_factor × their heartbeat interval.
+
+        Their outstanding placements are dropped and returned as failed; queued requests that no
+        remaining worker could ever serve are removed and returned as rejected (NoWorkers).
+        """
+        expired: list[ExpiredWorker] = []
+        for worker in sorted(self._workers.values(), key=lambda w: w.worker_id):
+            if now - worker.last_heartbeat <= self.heartbeat_timeout_factor * worker.heartbeat_interval_s:
+                continue
+            del self._workers[worker.worker_id]
+            self._reported_draining.pop(worker.worker_id, None)
+            failed = tuple(rid for rid, (wid, _) in self._placements.items() if wid == worker.worker_id)
+            for rid in failed:
+                del self._placements[rid]
+            queue = self._queues.get(worker.model, {})
+            rejected = tuple(rid for rid, r in queue.items() if not self._can_ever_serve(r))
+            for rid in rejected:
+                del queue[rid]
+            expired.append(ExpiredWorker(worker.worker_id, worker.model, failed, rejected))
+        return expired
+
+    # ---- inspection -----------------------------------------------------------------------------
+
+    def workers(self) -> list[WorkerView]:
+        return sorted(self._workers.values(), key=lambda w: w.worker_id)
+
+    def queue_depths(self) -> dict[str, int]:
+        """Depth per model, for every model with a queue or a worker."""
+        models = sorted({*self._queues, *(w.model for w in self._workers.values())})
+        return {m: len(self._queues.get(m, ())) for m in models}
+
+    def placement_of(self, request_id: str) -> str | None:
+        held = self._placements.get(request_id)
+        return held[0] if held is not None else None
+
+    def is_queued(self, request_id: str) -> bool:
+        return any(request_id in q for q in self._queues.values())
+
+    def snapshot(self, now: float) -> SchedulerSnapshot:
+        queues = tuple(QueueState(m, d, self.max_queue_per_model) for m, d in self.queue_depths().items())
+        return SchedulerSnapshot(self.policy_name, now, queues, tuple(self.workers()))
+
+    def check_integrity(self) -> None:
+        """Assert the accounting invariants (tests call this after every step)."""
+        counts: dict[str, int] = {}
+        for worker_id, _ in self._placements.values():
+            counts[worker_id] = counts.get(worker_id, 0) + 1
+        for worker in self._workers.values():
+            assert worker.placed == counts.pop(worker.worker_id, 0), f"{worker.worker_id}: placed count drifted"
+            assert worker.placed >= 0
+        assert not counts, f"placements on unknown workers: {counts}"
+        for model, queue in self._queues.items():
+            assert len(queue) <= self.max_queue_per_model, f"queue {model} over capacity"
+            for rid, request in queue.items():
+                assert request.model == model and rid not in self._placements, f"{rid} queued twice"
+
+    def _can_ever_serve(self, request: QueuedRequest) -> bool:
+        return any(
+            w.model == request.model and w.worker_id not in request.exclude_workers for w in self._workers.values()
+        )

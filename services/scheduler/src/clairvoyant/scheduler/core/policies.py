@@ -1,0 +1,116 @@
+"""Priority and routing policies: the two Protocols, their registries, presets, and the baselines.
+
+A policy is pure: plain inputs and ``now`` in, a decision out; it never reads a clock or does I/O.
+It may keep internal state (the round-robin cursor, an attained-service table), so each scheduler
+builds its own instances through the registries.  Later presets (pythia, autellix, kairos, saga)
+live in their own modules and register here by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
+
+from clairvoyant.core.registry import Registry
+from clairvoyant.scheduler.core.types import QueuedRequest, WorkerView
+
+
+class PriorityPolicy(Protocol):
+    def priority(self, request: QueuedRequest, now: float) -> float:
+        """The request's priority at ``now``; larger = more urgent.
+
+        The scheduler orders each model's queue by priority (descending), then arrival time
+        (ascending), then submission order, and re-evaluates it on every dispatch, so the value may
+        depend on ``now`` (aging).  The value of the winning evaluation is sent to the worker as the
+        base priority.  Must be cheap, deterministic and side-effect free.
+        """
+        ...
+
+
+class RoutingPolicy(Protocol):
+    def route(self, request: QueuedRequest, workers: Sequence[WorkerView], now: float) -> str | None:
+        """The worker id that gets ``request``, or None for "not yet" (the request keeps waiting).
+
+        ``workers`` is every live worker of the cluster, whatever its model or state; only the
+        ones ``eligible_workers`` returns may be chosen (the scheduler checks this).  Called only
+        when the scheduler is about to place the request: a policy that keeps state (a cursor)
+        may assume a returned id is used.
+        """
+        ...
+
+
+class SchedulerPreset(NamedTuple):
+    """A named pair of policies; the scheduler's share of a system-wide preset."""
+
+    priority: str  # a name in PRIORITY_POLICIES
+    routing: str  # a name in ROUTING_POLICIES
+
+
+PRIORITY_POLICIES: Registry[PriorityPolicy] = Registry("priority policy")
+ROUTING_POLICIES: Registry[RoutingPolicy] = Registry("routing policy")
+PRESETS: Registry[SchedulerPreset] = Registry("scheduler preset")
+
+
+def eligible_workers(request: QueuedRequest, workers: Sequence[WorkerView]) -> list[WorkerView]:
+    """Workers that may take ``request`` now: they serve its model, are not draining, are not in
+    its ``exclude_workers``, and have room (outstanding placements < max_batch)."""
+    return [
+        w
+        for w in workers
+        if w.model == request.model
+        and not w.draining
+        and w.worker_id not in request.exclude_workers
+        and w.has_room
+    ]
+
+
+def build_policies(preset: str) -> tuple[PriorityPolicy, RoutingPolicy]:
+    """Fresh policy instances for a preset name.  Raises ValueError for an unknown name."""
+    names = PRESETS.create(preset)
+    return PRIORITY_POLICIES.create(names.priority), ROUTING_POLICIES.create(names.routing)
+
+
+@PRIORITY_POLICIES.register("fcfs")
+class FcfsPriority:
+    """First come, first served: every request has priority 0, so arrival order decides."""
+
+    def priority(self, request: QueuedRequest, now: float) -> float:
+        return 0.0
+
+
+@ROUTING_POLICIES.register("round-robin")
+class RoundRobinRouting:
+    """Rotates over the eligible workers in worker-id order, one cursor per model.
+
+    The cursor remembers the last worker chosen, not an index, so workers joining or leaving do
+    not reshuffle the rotation: the next pick is the first eligible id after the last one, wrapping.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[str, str] = {}  # model -> worker id chosen last
+
+    def route(self, request: QueuedRequest, workers: Sequence[WorkerView], now: float) -> str | None:
+        ids = sorted(w.worker_id for w in eligible_workers(request, workers))
+        if not ids:
+            return None
+        last = self._last.get(request.model)
+        chosen = next((i for i in ids if last is not None and i > last), ids[0])
+        self._last[request.model] = chosen
+        return chosen
+
+
+@ROUTING_POLICIES.register("least-loaded")
+class LeastLoadedRouting:
+    """The eligible worker with the lowest (placed + queued) / max_batch, then the lowest KV usage
+    fraction, then the smallest worker id (so ties are deterministic)."""
+
+    def route(self, request: QueuedRequest, workers: Sequence[WorkerView], now: float) -> str | None:
+        candidates = eligible_workers(request, workers)
+        if not candidates:
+            return None
+        best = min(candidates, key=lambda w: ((w.placed + w.queued) / w.max_batch, w.kv_usage, w.worker_id))
+        return best.worker_id
+
+
+PRESETS.register("fcfs-rr")(lambda: SchedulerPreset("fcfs", "round-robin"))
+PRESETS.register("least-loaded")(lambda: SchedulerPreset("fcfs", "least-loaded"))

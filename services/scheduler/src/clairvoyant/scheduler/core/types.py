@@ -1,0 +1,125 @@
+"""Value objects the scheduler core works on.  Plain, typed and immutable: policies may keep them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from clairvoyant.contracts.v1 import common_pb2, worker_pb2
+from clairvoyant.core.app_metadata import AppMetadata
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedRequest:
+    """One request waiting for (or holding) a placement."""
+
+    request_id: str
+    tenant: str
+    model: str
+    arrival_time: float  # on the core's time scale (monotonic seconds), set when submitted
+    prompt_tokens: int = 0  # an estimate; the worker tokenizes exactly
+    max_tokens: int = 0
+    app_metadata: AppMetadata | None = None  # None: the application sent no workflow ids
+    # The profiler's predictions, kept as the wire message: policies read the fields they know and
+    # new fields reach them without a change here.  None: un-annotated (reactive tier).
+    annotations: common_pb2.SysAnnotations | None = None
+    exclude_workers: frozenset[str] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerReport:
+    """What a worker says about itself in a heartbeat (the subset of WorkerStats the scheduler uses)."""
+
+    worker_id: str
+    model: str
+    address: str  # host:port of the worker's gRPC server
+    max_batch: int
+    http_address: str = ""
+    running: int = 0
+    queued: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    max_model_len: int = 0
+    draining: bool = False  # the worker itself is shutting down
+    heartbeat_interval_s: float = 0.0  # 0: unknown, the core's default applies
+
+    @classmethod
+    def from_proto(cls, stats: worker_pb2.WorkerStats) -> WorkerReport:
+        return cls(
+            worker_id=stats.worker_id,
+            model=stats.model,
+            address=stats.grpc_address,
+            http_address=stats.http_address,
+            running=stats.running,
+            queued=stats.queued,
+            max_batch=stats.max_batch,
+            kv_blocks_used=stats.kv_blocks_used,
+            kv_blocks_total=stats.kv_blocks_total,
+            max_model_len=stats.max_model_len,
+            draining=stats.draining,
+            heartbeat_interval_s=stats.heartbeat_interval_s,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    """A worker as routing policies see it: its last report plus the scheduler's own accounting."""
+
+    worker_id: str
+    model: str
+    address: str
+    http_address: str
+    running: int  # reported by the worker
+    queued: int  # reported by the worker (its local queue)
+    placed: int  # placements this scheduler handed out and that are not yet completed
+    max_batch: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    max_model_len: int
+    draining: bool  # drained by an operator / the autoscaler, or the worker says it is draining
+    last_heartbeat: float  # core time of the last report
+    heartbeat_interval_s: float
+
+    @property
+    def has_room(self) -> bool:
+        return self.placed < self.max_batch
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of the L1 KV pool in use; 0 when the worker reports no pool."""
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+
+class Decision(NamedTuple):
+    """One placement made by ``GlobalScheduler.dispatch``."""
+
+    request_id: str
+    worker: WorkerView  # the worker as it was right after this placement was counted
+    base_priority: float  # the priority the request was ranked with; larger = more urgent
+    queue_wait_s: float  # time from submit to this placement
+
+    @property
+    def worker_id(self) -> str:
+        return self.worker.worker_id
+
+
+class ExpiredWorker(NamedTuple):
+    """A worker removed by ``GlobalScheduler.expire_workers`` and what its loss did."""
+
+    worker_id: str
+    model: str
+    failed_request_ids: tuple[str, ...]  # placements it held: the callers must fail or retry them
+    rejected_request_ids: tuple[str, ...]  # queued requests left with no worker at all (NoWorkers)
+
+
+class QueueState(NamedTuple):
+    model: str
+    depth: int
+    capacity: int
+
+
+class SchedulerSnapshot(NamedTuple):
+    policy: str
+    taken_at: float  # core time; a worker's heartbeat age is taken_at - last_heartbeat
+    queues: tuple[QueueState, ...]
+    workers: tuple[WorkerView, ...]  # ordered by worker id

@@ -1,0 +1,1 @@
+"""The engine: batching, paged KV blocks, radix prefix cache and model runners."""

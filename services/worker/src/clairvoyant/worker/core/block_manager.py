@@ -1,0 +1,175 @@
+"""Paged KV block accounting: reference counts, a free list and the radix prefix cache.
+
+A block's reference count = number of sequence block tables holding it + 1 if a prefix-cache node
+holds it.  Blocks with count 0 are on the free list; blocks held only by the cache are still free for
+allocation purposes (evicted LRU on demand).  Shared blocks are never written: the prefix lookup stops
+at least one token before the end of the sequence, so new K/V always lands in a block the sequence
+owns alone; a block joins the cache only once full and computed.
+
+The scheduler talks to this class through ``match_prefix`` / ``allocate`` / ``free`` /
+``cache_computed_blocks`` and never reads block internals; "doesn't fit" is a ``False`` return.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Iterable
+
+from clairvoyant.worker.core.radix_cache import BlockTag, RadixCache
+from clairvoyant.worker.core.sequence import Sequence
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_cache: bool = True) -> None:
+        assert num_blocks > 0 and block_size > 0
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._ref_counts = [0] * num_blocks
+        self._free: deque[int] = deque(range(num_blocks))
+        self.cache: RadixCache | None = RadixCache(block_size) if enable_prefix_cache else None
+        self._num_cached_only = 0  # blocks whose only reference is the cache's
+
+    # ---- queries -------------------------------------------------------------------------------
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    @property
+    def num_cached_only_blocks(self) -> int:
+        return self._num_cached_only
+
+    @property
+    def num_allocatable_blocks(self) -> int:
+        return len(self._free) + self._num_cached_only
+
+    def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
+        """Blocks to add so the table covers ``num_computed_tokens + num_new_tokens`` positions."""
+        covered = seq.num_computed_tokens + num_new_tokens
+        return max(0, -(-covered // self.block_size) - len(seq.block_table))
+
+    def max_new_tokens(self, seq: Sequence) -> int:
+        """How many new tokens ``seq`` could get slots for right now."""
+        capacity = (len(seq.block_table) + self.num_allocatable_blocks) * self.block_size
+        return max(0, capacity - seq.num_computed_tokens)
+
+    def reclaimable_blocks(self, seq: Sequence) -> int:
+        """Blocks that become allocatable if ``seq`` is freed (those no other sequence holds)."""
+        cache = self.cache
+        return sum(
+            1
+            for b in seq.block_table
+            if self._ref_counts[b] - (1 if cache is not None and b in cache else 0) == 1
+        )
+
+    # ---- operations ----------------------------------------------------------------------------
+    def match_prefix(self, seq: Sequence) -> int:
+        """Give a block-less ``seq`` the cached blocks of its longest cached prefix; tokens matched.
+
+        At most ``num_tokens - 1`` tokens are matched so at least one token is computed (for logits).
+        """
+        assert not seq.block_table and seq.num_computed_tokens == 0
+        if self.cache is None:
+            return 0
+        max_blocks = (seq.num_tokens - 1) // self.block_size
+        blocks = self.cache.match(seq.namespace, seq.token_ids, max_blocks)
+        for b in blocks:
+            self._incref(b)
+        seq.block_table = blocks
+        seq.num_cached_blocks = len(blocks)
+        seq.num_computed_tokens = len(blocks) * self.block_size
+        return seq.num_computed_tokens
+
+    def allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Extend ``seq``'s table to cover ``num_new_tokens`` more tokens; False (no change) if no room."""
+        needed = self.blocks_needed(seq, num_new_tokens)
+        if needed > self.num_allocatable_blocks:
+            return False
+        shortfall = needed - len(self._free)
+        if shortfall > 0:
+            assert self.cache is not None
+            evicted = self.cache.evict(shortfall, lambda b: self._ref_counts[b] == 1)
+            assert len(evicted) == shortfall, "cached-only blocks must all be evictable"
+            for b in evicted:
+                self._num_cached_only -= 1
+                self._decref(b)
+        for _ in range(needed):
+            b = self._free.popleft()
+            self._incref(b)
+            seq.block_table.append(b)
+        return True
+
+    def free(self, seq: Sequence) -> None:
+        """Drop all of ``seq``'s references (its cached blocks stay in the cache, most recently used)."""
+        if self.cache is not None:
+            self.cache.touch(seq.block_table[: seq.num_cached_blocks])
+        for b in reversed(seq.block_table):  # tail first: deeper blocks are reused first
+            self._decref(b)
+        seq.block_table = []
+        seq.num_cached_blocks = 0
+        seq.num_computed_tokens = 0
+
+    def cache_computed_blocks(self, seq: Sequence) -> None:
+        """Insert ``seq``'s newly full, computed blocks into the prefix cache.
+
+        When another sequence cached the same content first, ``seq`` switches to that block and its
+        own copy is released, so identical prefixes converge on one physical block.
+        """
+        cache = self.cache
+        num_full = seq.num_computed_tokens // self.block_size
+        if cache is None or num_full <= seq.num_cached_blocks:
+            return
+        first = seq.num_cached_blocks
+        bs = self.block_size
+        parent = seq.block_table[first - 1] if first > 0 else None
+        tags = [
+            BlockTag(seq.lineage, "prompt" if (i + 1) * bs <= seq.prompt_len else "response")
+            for i in range(first, num_full)
+        ]
+        own = seq.block_table[first:num_full]
+        canonical = cache.insert(seq.namespace, parent, seq.token_ids[first * bs : num_full * bs], own, tags)
+        for i, (mine, cached) in enumerate(zip(own, canonical, strict=True)):
+            if mine == cached:
+                self._ref_counts[mine] += 1  # the cache's reference; seq still holds one, so >= 2
+            else:
+                self._incref(cached)
+                self._decref(mine)
+                seq.block_table[first + i] = cached
+        seq.num_cached_blocks = num_full
+
+    # ---- reference counts ----------------------------------------------------------------------
+    def _incref(self, b: int) -> None:
+        if self._ref_counts[b] == 1 and self.cache is not None and b in self.cache:
+            self._num_cached_only -= 1
+        self._ref_counts[b] += 1
+
+    def _decref(self, b: int) -> None:
+        self._ref_counts[b] -= 1
+        count = self._ref_counts[b]
+        assert count >= 0, f"block {b} freed twice"
+        if count == 1 and self.cache is not None and b in self.cache:
+            self._num_cached_only += 1
+        elif count == 0:
+            self._free.append(b)
+
+    def check_integrity(self, seqs: Iterable[Sequence]) -> None:
+        """Reference counts equal the references held by ``seqs`` and the cache; nothing leaks."""
+        expected: Counter[int] = Counter()
+        for seq in seqs:
+            assert len(set(seq.block_table)) == len(seq.block_table), f"duplicate block in {seq}"
+            assert len(seq.block_table) * self.block_size >= seq.num_computed_tokens, seq
+            assert seq.num_cached_blocks * self.block_size <= seq.num_computed_tokens, seq
+            expected.update(seq.block_table)
+        cached = set()
+        if self.cache is not None:
+            self.cache.check_integrity()
+            cached = set(self.cache.cached_blocks())
+            expected.update(cached)
+            for seq in seqs:
+                assert set(seq.block_table[: seq.num_cached_blocks]) <= cached, seq
+        for b in range(self.num_blocks):
+            assert self._ref_counts[b] == expected[b], (b, self._ref_counts[b], expected[b])
+        free = set(self._free)
+        assert len(free) == len(self._free), "free list has duplicates"
+        assert free == {b for b in range(self.num_blocks) if expected[b] == 0}, "free list != unreferenced"
+        cached_only = sum(1 for b in cached if expected[b] == 1)
+        assert self._num_cached_only == cached_only, (self._num_cached_only, cached_only)

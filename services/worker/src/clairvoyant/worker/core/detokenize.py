@@ -1,0 +1,84 @@
+"""Incremental detokenization with stop strings.
+
+Text is released only when it is final:
+
+    decoded output text:  "... the answer is 4<S"      stop = ("<STOP>",)
+                           |------ emitted ------|hold|
+    * a trailing U+FFFD (an incomplete multi-byte character) is never decoded into ``text``;
+    * the longest tail that is a prefix of some stop string ("<S") is held back until disambiguated;
+    * once a stop string matches, ``text`` is cut at its start and nothing after it is ever released.
+
+Decoding re-reads a short window of tokens (``prefix_offset .. end``) instead of the whole output, so
+each step costs O(window), and tokenizers whose pieces depend on their left neighbour (SentencePiece's
+leading space) decode correctly because the window starts a few prompt tokens back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from clairvoyant.worker.runners.base import Tokenizer
+
+_PROMPT_CONTEXT_TOKENS = 6  # prompt tokens kept as left context for the first output tokens
+_REPLACEMENT_CHAR = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    """Per-request text state.  ``append`` each new token, then ``take`` the releasable text."""
+
+    def __init__(self, tokenizer: Tokenizer, prompt_token_ids: Sequence[int], stop: Sequence[str]) -> None:
+        self._tokenizer = tokenizer
+        self._token_ids = list(prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:])
+        # Window [prefix_offset, read_offset) is already decoded into text; it is the left context.
+        self._prefix_offset = 0
+        self._read_offset = len(self._token_ids)
+        self._stop = tuple(stop)
+        self._max_stop_len = max((len(s) for s in self._stop), default=0)
+        self.text = ""  # decoded output text so far (cut at the stop string once one matched)
+        self._emitted = 0  # len of text already released
+        self._scanned = 0  # len of text already searched for stop strings
+        self.stopped = False  # a stop string matched
+
+    def append(self, token_id: int) -> None:
+        """Add one generated token (not after ``stopped``)."""
+        assert not self.stopped
+        self._token_ids.append(token_id)
+        prefix_text = self._tokenizer.decode(self._token_ids[self._prefix_offset : self._read_offset])
+        full_text = self._tokenizer.decode(self._token_ids[self._prefix_offset :])
+        if len(full_text) > len(prefix_text) and not full_text.endswith(_REPLACEMENT_CHAR):
+            self.text += full_text[len(prefix_text) :]
+            self._prefix_offset = self._read_offset
+            self._read_offset = len(self._token_ids)
+
+    def take(self, check_stop: bool) -> str:
+        """Release what is final; with ``check_stop``, match stop strings in the text not yet scanned."""
+        if check_stop and self._stop:
+            start = max(0, self._scanned - self._max_stop_len + 1)
+            hits = [i for i in (self.text.find(s, start) for s in self._stop) if i >= 0]
+            if hits:
+                self.text = self.text[: min(hits)]
+                self.stopped = True
+        self._scanned = len(self.text)
+        end = len(self.text) if self.stopped else len(self.text) - self._stop_prefix_len()
+        released = self.text[self._emitted : end]
+        self._emitted = max(self._emitted, end)
+        return released
+
+    def flush(self) -> str:
+        """At the end of the request: release everything still held, incomplete characters included."""
+        if not self.stopped:
+            prefix_text = self._tokenizer.decode(self._token_ids[self._prefix_offset : self._read_offset])
+            full_text = self._tokenizer.decode(self._token_ids[self._prefix_offset :])
+            self.text += full_text[len(prefix_text) :]
+            self._prefix_offset = self._read_offset = len(self._token_ids)
+        released = self.text[self._emitted :]
+        self._emitted = len(self.text)
+        return released
+
+    def _stop_prefix_len(self) -> int:
+        """Length of the longest tail of ``text`` that is a proper prefix of a stop string."""
+        for length in range(min(self._max_stop_len - 1, len(self.text)), 0, -1):
+            tail = self.text[-length:]
+            if any(s.startswith(tail) for s in self._stop):
+                return length
+        return 0

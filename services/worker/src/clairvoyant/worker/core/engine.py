@@ -1,0 +1,229 @@
+"""LLMEngine: a synchronous, step-based engine.  ``step()`` = schedule -> ``runner.forward`` -> post-process.
+
+Not thread-safe: ``add_request``, ``abort_request``, ``step``, ``stats`` and ``check_integrity`` must
+all be called from one thread (the adapter's engine loop).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from clairvoyant.worker.core.block_manager import BlockManager
+from clairvoyant.worker.core.detokenize import IncrementalDetokenizer
+from clairvoyant.worker.core.sampling import SamplingParams, make_generator, sample
+from clairvoyant.worker.core.scheduler import Scheduler, SchedulerOutput
+from clairvoyant.worker.core.sequence import Sequence, SequenceStatus
+from clairvoyant.worker.core.types import (
+    ContextLengthExceeded,
+    EngineRequest,
+    EngineStats,
+    FinishReason,
+    Lineage,
+    RequestOutput,
+)
+from clairvoyant.worker.runners.base import ForwardItem, ModelRunner
+
+__all__ = [
+    "ContextLengthExceeded",
+    "EngineConfig",
+    "EngineRequest",
+    "EngineStats",
+    "LLMEngine",
+    "Lineage",
+    "RequestOutput",
+    "SamplingParams",
+]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    block_size: int = 16
+    num_blocks: int = 1024  # KV blocks in the device pool (L1)
+    max_num_seqs: int = 32  # max running sequences (batch size)
+    max_num_batched_tokens: int = 2048  # token budget per step (chunked prefill splits long prompts)
+    enable_prefix_cache: bool = True
+    aging_rate: float = 0.0  # effective priority = base priority + aging_rate * seconds waited
+    seed: int = 0  # seeds requests without their own seed (with the request id)
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"EngineConfig.{name} must be >= 1")
+        if self.aging_rate < 0:
+            raise ValueError("EngineConfig.aging_rate must be >= 0")
+
+
+class LLMEngine:
+    def __init__(
+        self, runner: ModelRunner, config: EngineConfig, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.runner = runner
+        self.config = config
+        self.clock = clock
+        self.kv = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_cache)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.aging_rate)
+        self.last_schedule = SchedulerOutput()  # diagnostics of the latest step
+        self._seqs: dict[str, Sequence] = {}  # live requests (waiting or running)
+        self._aborted: list[RequestOutput] = []  # final outputs to deliver on the next step
+        self._next_seq_id = 0
+        self._prompt_tokens_total = 0
+        self._computed_prompt_tokens_total = 0
+        self._cached_prompt_tokens_total = 0
+        self._generated_tokens_total = 0
+        runner.allocate_kv(config.num_blocks, config.block_size)
+
+    # ---- requests ------------------------------------------------------------------------------
+    def add_request(self, req: EngineRequest) -> None:
+        """Queue a request.  Raises ValueError (ContextLengthExceeded for the context window)."""
+        prompt_len, max_tokens = len(req.prompt_token_ids), req.sampling.max_tokens
+        if prompt_len == 0:
+            raise ValueError("prompt must contain at least one token")
+        if req.request_id in self._seqs or any(o.request_id == req.request_id for o in self._aborted):
+            raise ValueError(f"duplicate request id {req.request_id!r}")
+        info = self.runner.info
+        if prompt_len + max_tokens > info.max_model_len:
+            raise ContextLengthExceeded(prompt_len, max_tokens, info.max_model_len)
+        # The last sampled token never needs a slot; everything before it must fit the pool at once.
+        blocks = -(-(prompt_len + max_tokens - 1) // self.config.block_size)
+        if blocks > self.config.num_blocks:
+            raise ValueError(
+                f"request needs {blocks} KV blocks but the pool has {self.config.num_blocks}; "
+                "lower max_tokens or the prompt length"
+            )
+        bad = [t for t in req.prompt_token_ids if not 0 <= t < info.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} outside the vocabulary (size {info.vocab_size})")
+        params = req.sampling
+        generator = None
+        if not params.greedy:
+            generator = make_generator(params.seed if params.seed is not None else self._derive_seed(req))
+        seq = Sequence(
+            seq_id=self._next_seq_id,
+            request=req,
+            arrival_time=self.clock() if req.arrival_time is None else req.arrival_time,
+            generator=generator,
+            detokenizer=IncrementalDetokenizer(self.runner.tokenizer, req.prompt_token_ids, params.stop),
+            eos_token_ids=info.eos_token_ids,
+        )
+        self._next_seq_id += 1
+        self._seqs[req.request_id] = seq
+        self._prompt_tokens_total += prompt_len
+        self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str) -> bool:
+        """Release the request's blocks now; its final output (reason "abort") comes on the next step."""
+        seq = self._seqs.pop(request_id, None)
+        if seq is None:
+            return False
+        self.scheduler.remove(seq)
+        seq.finish_reason = "abort"
+        self._aborted.append(self._output(seq, [], "", True))
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self._seqs or self._aborted)
+
+    # ---- the step ------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        outputs, self._aborted = self._aborted, []
+        now = self.clock()
+        batch = self.scheduler.schedule(now)
+        self.last_schedule = batch
+        self._cached_prompt_tokens_total += batch.cached_tokens
+        if not batch.chunks:
+            return outputs
+        items: list[ForwardItem] = []
+        samplers: list[Sequence] = []
+        for seq, n in batch.chunks:
+            start = seq.num_computed_tokens
+            want_logits = start + n == seq.num_tokens
+            items.append(ForwardItem(seq.seq_id, seq.token_ids[start : start + n], start, seq.block_table, want_logits))
+            if want_logits:
+                samplers.append(seq)
+        logits = self.runner.forward(items)
+        token_ids = sample(logits, [seq.sample_row() for seq in samplers])
+        now = self.clock()
+        for seq, n in batch.chunks:
+            start = seq.num_computed_tokens
+            self._computed_prompt_tokens_total += max(0, min(start + n, seq.prompt_len) - start)
+            seq.num_computed_tokens += n
+        for seq, token_id in zip(samplers, token_ids, strict=True):
+            outputs.append(self._append_token(seq, token_id, now))
+        for seq, _ in batch.chunks:
+            if seq.is_finished:
+                continue
+            self.kv.cache_computed_blocks(seq)
+        return outputs
+
+    def _append_token(self, seq: Sequence, token_id: int, now: float) -> RequestOutput:
+        params = seq.params
+        seq.token_ids.append(token_id)
+        self._generated_tokens_total += 1
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        reason: FinishReason | None = None
+        detok = seq.detokenizer
+        if token_id in seq.eos_token_ids and not params.ignore_eos:
+            reason = "stop"  # min_tokens is enforced by the sampler, which bans EOS until then
+            text = ""
+        else:
+            detok.append(token_id)
+            text = detok.take(check_stop=seq.num_output_tokens >= params.min_tokens)
+            if detok.stopped:
+                reason = "stop"
+        if reason is None and seq.num_output_tokens >= params.max_tokens:
+            reason = "length"
+        if reason is not None:
+            text += detok.flush()
+            seq.finish_reason = reason
+            del self._seqs[seq.request_id]
+            self.scheduler.remove(seq)
+        return self._output(seq, [token_id], text, reason is not None)
+
+    def _output(self, seq: Sequence, new_token_ids: list[int], text: str, finished: bool) -> RequestOutput:
+        return RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=new_token_ids,
+            new_text=text,
+            finished=finished,
+            finish_reason=seq.finish_reason,
+            prompt_tokens=seq.prompt_len,
+            cached_tokens=seq.cached_tokens or 0,
+            completion_tokens=seq.num_output_tokens,
+            first_token_time=seq.first_token_time,
+        )
+
+    def _derive_seed(self, req: EngineRequest) -> int:
+        digest = hashlib.blake2b(f"{self.config.seed}:{req.request_id}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little") & (2**63 - 1)
+
+    # ---- introspection -------------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+            kv_blocks_used=self.kv.num_used_blocks,
+            kv_blocks_total=self.config.num_blocks,
+            kv_blocks_cached=self.kv.num_cached_only_blocks,
+            preemptions_total=self.scheduler.preemptions_total,
+            prompt_tokens_total=self._prompt_tokens_total,
+            computed_prompt_tokens_total=self._computed_prompt_tokens_total,
+            cached_prompt_tokens_total=self._cached_prompt_tokens_total,
+            generated_tokens_total=self._generated_tokens_total,
+            max_num_seqs=self.config.max_num_seqs,
+        )
+
+    def check_integrity(self) -> None:
+        """Assert the block accounting and queue invariants (tests call it after every operation)."""
+        running, waiting = self.scheduler.running, self.scheduler.waiting
+        assert all(s.status is SequenceStatus.RUNNING for s in running)
+        assert all(s.status is SequenceStatus.WAITING and not s.block_table for s in waiting)
+        assert len(running) <= self.config.max_num_seqs
+        live = {s.request_id for s in running} | {s.request_id for s in waiting}
+        assert live == set(self._seqs) and len(live) == len(running) + len(waiting)
+        for seq in running:
+            assert 1 <= seq.num_uncomputed_tokens, seq
+        self.kv.check_integrity([*running, *waiting])

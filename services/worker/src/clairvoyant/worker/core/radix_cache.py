@@ -1,0 +1,166 @@
+"""Radix prefix cache over full KV blocks.
+
+Each node holds one full block (``block_size`` tokens); its key is that block's token content and its
+place in the tree is the content of every block before it, so a node's K/V is valid for any sequence
+that starts with the tokens on the path from the root::
+
+    namespace "acme"            namespace None (requests without lineage)
+      [sys prompt 0:16]            [hello ...]
+        [sys prompt 16:32]
+          [user A 32:48] -> [reply A 48:64]
+          [user B 32:48]
+
+Namespaces are tenants: a lookup only walks its own tenant's tree, so no K/V (and no timing signal)
+crosses tenants.  Every node is tagged with the lineage of the request that first computed it and
+whether its tokens came from a prompt or a response, so cache policies can target e.g. "blocks of
+agent X in workflow W".
+
+The cache holds one reference on each node's block; the block manager owns the reference counts and
+tells ``evict`` which blocks nobody else references.  Only leaves are evicted (LRU on a logical clock),
+which keeps every cached path reachable from the root.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from clairvoyant.worker.core.types import Lineage
+
+BlockSource = Literal["prompt", "response"]
+Namespace = str | None
+
+
+@dataclass(frozen=True)
+class BlockTag:
+    """Provenance of a cached block."""
+
+    lineage: Lineage | None
+    source: BlockSource
+
+
+class RadixNode:
+    __slots__ = ("block_id", "children", "key", "last_access", "parent", "tag")
+
+    def __init__(self, key: tuple[int, ...], block_id: int, parent: RadixNode | None, tag: BlockTag | None):
+        self.key = key
+        self.block_id = block_id  # -1 for a namespace root
+        self.parent = parent
+        self.children: dict[tuple[int, ...], RadixNode] = {}
+        self.tag = tag
+        self.last_access = 0
+
+
+class RadixCache:
+    """A block-granular radix tree per namespace.  Pure bookkeeping: never touches reference counts."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self._roots: dict[Namespace, RadixNode] = {}
+        self._node_of_block: dict[int, RadixNode] = {}
+        self._clock = 0  # logical LRU clock: deterministic, independent of wall time
+
+    def __len__(self) -> int:
+        return len(self._node_of_block)
+
+    def __contains__(self, block_id: int) -> bool:
+        return block_id in self._node_of_block
+
+    def match(self, namespace: Namespace, token_ids: Sequence[int], max_blocks: int) -> list[int]:
+        """Block ids of the longest cached prefix of ``token_ids``, at most ``max_blocks`` blocks."""
+        node = self._roots.get(namespace)
+        blocks: list[int] = []
+        self._clock += 1
+        while node is not None and len(blocks) < max_blocks:
+            start = len(blocks) * self.block_size
+            child = node.children.get(tuple(token_ids[start : start + self.block_size]))
+            if child is None:
+                break
+            child.last_access = self._clock
+            blocks.append(child.block_id)
+            node = child
+        return blocks
+
+    def insert(
+        self,
+        namespace: Namespace,
+        parent_block: int | None,
+        token_ids: Sequence[int],
+        block_ids: Sequence[int],
+        tags: Sequence[BlockTag],
+    ) -> list[int]:
+        """Insert consecutive full blocks below ``parent_block`` (None: the namespace root).
+
+        ``token_ids`` holds exactly ``len(block_ids) * block_size`` tokens.  Returns, per block, the id
+        now cached for that content: the given id when it was new, else the id of the node that was
+        already there (the caller should switch to it and drop its duplicate).
+        """
+        assert len(token_ids) == len(block_ids) * self.block_size == len(tags) * self.block_size
+        if parent_block is None:
+            node = self._roots.setdefault(namespace, RadixNode((), -1, None, None))
+        else:
+            node = self._node_of_block[parent_block]
+        self._clock += 1
+        canonical: list[int] = []
+        for i, block_id in enumerate(block_ids):
+            key = tuple(token_ids[i * self.block_size : (i + 1) * self.block_size])
+            child = node.children.get(key)
+            if child is None:
+                assert block_id not in self._node_of_block, f"block {block_id} cached twice"
+                child = RadixNode(key, block_id, node, tags[i])
+                node.children[key] = child
+                self._node_of_block[block_id] = child
+            child.last_access = self._clock
+            canonical.append(child.block_id)
+            node = child
+        return canonical
+
+    def touch(self, block_ids: Sequence[int]) -> None:
+        """Mark cached blocks as just used (e.g. when the sequence holding them finishes)."""
+        self._clock += 1
+        for block_id in block_ids:
+            node = self._node_of_block.get(block_id)
+            if node is not None:
+                node.last_access = self._clock
+
+    def evict(self, num_blocks: int, is_unreferenced: Callable[[int], bool]) -> list[int]:
+        """Remove up to ``num_blocks`` least recently used leaves no one else references; their ids."""
+        heap = [
+            (node.last_access, node.block_id)
+            for node in self._node_of_block.values()
+            if not node.children and is_unreferenced(node.block_id)
+        ]
+        heapq.heapify(heap)
+        evicted: list[int] = []
+        while heap and len(evicted) < num_blocks:
+            _, block_id = heapq.heappop(heap)
+            node = self._node_of_block.pop(block_id)
+            parent = node.parent
+            assert parent is not None
+            del parent.children[node.key]
+            evicted.append(block_id)
+            if parent.block_id >= 0 and not parent.children and is_unreferenced(parent.block_id):
+                heapq.heappush(heap, (parent.last_access, parent.block_id))
+        return evicted
+
+    def tag_of(self, block_id: int) -> BlockTag | None:
+        node = self._node_of_block.get(block_id)
+        return None if node is None else node.tag
+
+    def cached_blocks(self) -> Iterator[int]:
+        return iter(self._node_of_block)
+
+    def check_integrity(self) -> None:
+        """Every node is reachable from its root through its parent links, and indexed exactly once."""
+        seen = 0
+        stack = list(self._roots.values())
+        while stack:
+            node = stack.pop()
+            for key, child in node.children.items():
+                assert child.parent is node and child.key == key and len(key) == self.block_size
+                assert self._node_of_block.get(child.block_id) is child
+                seen += 1
+                stack.append(child)
+        assert seen == len(self._node_of_block), (seen, len(self._node_of_block))

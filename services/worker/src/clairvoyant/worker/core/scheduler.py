@@ -1,0 +1,193 @@
+"""Local scheduling: which sequences run this step, with how many tokens, and who gets preempted.
+
+Each step has a token budget (``max_num_batched_tokens``) and a seat limit (``max_num_seqs``):
+
+1. running sequences with one uncomputed token (decodes) take one token each, most urgent first;
+2. what is left goes to prefill chunks of partially-prefilled and waiting sequences, most urgent
+   first; a chunk is ``min(remaining prompt, remaining budget)`` tokens (chunked prefill).
+
+Urgency = (effective priority, earlier arrival, lower seq id), effective priority = base priority +
+``aging_rate`` * seconds since arrival.  When blocks run out, the least urgent running sequence is
+preempted by recompute: its blocks are released (shared ones just lose a reference, full ones stay in
+the prefix cache), it rejoins the waiting queue with its generated tokens, and later recomputes
+prompt + output.  A sequence is only ever preempted for a more urgent one; a decode that finds no
+less urgent victim preempts itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from clairvoyant.worker.core.block_manager import BlockManager
+from clairvoyant.worker.core.sequence import Sequence, SequenceStatus
+
+Urgency = tuple[float, float, int]
+
+
+class ScheduledChunk(NamedTuple):
+    seq: Sequence
+    num_tokens: int  # tokens computed this step, starting at seq.num_computed_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    chunks: list[ScheduledChunk] = field(default_factory=list)  # in batch order
+    preempted: list[Sequence] = field(default_factory=list)  # in preemption order
+    admitted: list[Sequence] = field(default_factory=list)  # waiting -> running this step
+    cached_tokens: int = 0  # prompt positions served from the prefix cache at admission this step
+
+
+class Scheduler:
+    def __init__(
+        self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int, aging_rate: float
+    ) -> None:
+        self.kv = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.aging_rate = aging_rate
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.preemptions_total = 0
+
+    def add(self, seq: Sequence) -> None:
+        assert seq.status is SequenceStatus.WAITING and not seq.block_table
+        self.waiting.append(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        """Take ``seq`` out of the queues (finish or abort) and release its blocks."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            self.kv.cache_computed_blocks(seq)
+            self.kv.free(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+
+    def urgency(self, seq: Sequence, now: float) -> Urgency:
+        effective = seq.priority + self.aging_rate * max(0.0, now - seq.arrival_time)
+        return (effective, -seq.arrival_time, -seq.seq_id)
+
+    def schedule(self, now: float) -> SchedulerOutput:
+        step = _Step(self, now)
+        for seq in sorted(self.running, key=step.key, reverse=True):
+            if seq.num_uncomputed_tokens == 1 and seq.status is SequenceStatus.RUNNING:
+                if step.budget == 0:
+                    break
+                step.schedule_decode(seq)
+        candidates = [s for s in self.running if s.num_uncomputed_tokens > 1] + self.waiting
+        admission_open = True
+        for seq in sorted(candidates, key=step.key, reverse=True):
+            if step.budget == 0:
+                break
+            if seq in step.preempted_set:
+                continue
+            if seq.status is SequenceStatus.RUNNING:
+                step.schedule_prefill(seq)
+            elif admission_open:
+                admission_open = step.admit(seq)
+        return step.out
+
+    def preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.kv.cache_computed_blocks(seq)
+        self.kv.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.preemptions_total += 1
+        self.waiting.append(seq)
+
+
+class _Step:
+    """The bookkeeping of one ``schedule`` call."""
+
+    def __init__(self, scheduler: Scheduler, now: float) -> None:
+        self.sched = scheduler
+        self.kv = scheduler.kv
+        self.now = now
+        self.budget = scheduler.max_num_batched_tokens
+        self.out = SchedulerOutput()
+        self.scheduled: dict[int, ScheduledChunk] = {}  # seq_id -> chunk
+        self.preempted_set: set[Sequence] = set()
+
+    def key(self, seq: Sequence) -> Urgency:
+        return self.sched.urgency(seq, self.now)
+
+    def schedule_decode(self, seq: Sequence) -> None:
+        while not self.kv.allocate(seq, 1):
+            victim = self._victim_below(seq)
+            self._preempt(victim if victim is not None else seq)
+            if victim is None:
+                return
+        self._add(seq, 1)
+
+    def schedule_prefill(self, seq: Sequence) -> bool:
+        """Schedule as much of ``seq``'s remaining prefill as budget and memory allow; False if none."""
+        num_tokens = min(seq.num_uncomputed_tokens, self.budget)
+        needed = self.kv.blocks_needed(seq, num_tokens)
+        if needed > self.kv.num_allocatable_blocks and needed <= self._reclaimable_below(seq):
+            while not self.kv.allocate(seq, num_tokens):
+                victim = self._victim_below(seq)
+                assert victim is not None
+                self._preempt(victim)
+        elif not self.kv.allocate(seq, num_tokens):
+            # No room for the whole chunk even by preempting: compute what fits now.
+            num_tokens = min(num_tokens, self.kv.max_new_tokens(seq))
+            if num_tokens == 0 or not self.kv.allocate(seq, num_tokens):
+                return False
+        self._add(seq, num_tokens)
+        return True
+
+    def admit(self, seq: Sequence) -> bool:
+        """Move a waiting ``seq`` to running with its first chunk; False closes admission this step."""
+        if len(self.sched.running) >= self.sched.max_num_seqs:
+            victim = self._victim_below(seq)
+            if victim is None:
+                return False
+            self._preempt(victim)
+        cached = self.kv.match_prefix(seq)
+        self.sched.waiting.remove(seq)
+        self.sched.running.append(seq)
+        seq.status = SequenceStatus.RUNNING
+        if not self.schedule_prefill(seq):
+            self.kv.free(seq)
+            self.sched.running.remove(seq)
+            self.sched.waiting.append(seq)
+            seq.status = SequenceStatus.WAITING
+            return False
+        if seq.cached_tokens is None:
+            seq.cached_tokens = cached
+        self.out.cached_tokens += min(cached, seq.prompt_len)
+        self.out.admitted.append(seq)
+        return True
+
+    def _add(self, seq: Sequence, num_tokens: int) -> None:
+        chunk = ScheduledChunk(seq, num_tokens)
+        self.scheduled[seq.seq_id] = chunk
+        self.out.chunks.append(chunk)
+        self.budget -= num_tokens
+
+    def _victim_below(self, seq: Sequence) -> Sequence | None:
+        """The least urgent running sequence other than ``seq``, if it is less urgent than ``seq``."""
+        others = [s for s in self.sched.running if s is not seq]
+        if not others:
+            return None
+        victim = min(others, key=self.key)
+        return victim if self.key(victim) < self.key(seq) else None
+
+    def _reclaimable_below(self, seq: Sequence) -> int:
+        """Lower bound on the blocks allocatable after preempting everything less urgent than ``seq``."""
+        mine = self.key(seq)
+        victims = [s for s in self.sched.running if s is not seq and self.key(s) < mine]
+        return self.kv.num_allocatable_blocks + sum(self.kv.reclaimable_blocks(s) for s in victims)
+
+    def _preempt(self, seq: Sequence) -> None:
+        chunk = self.scheduled.pop(seq.seq_id, None)
+        if chunk is not None:
+            self.out.chunks.remove(chunk)
+            self.budget += chunk.num_tokens
+        if seq in self.out.admitted:
+            self.out.admitted.remove(seq)
+        self.sched.preempt(seq)
+        self.out.preempted.append(seq)
+        self.preempted_set.add(seq)

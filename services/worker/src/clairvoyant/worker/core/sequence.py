@@ -1,0 +1,88 @@
+"""A request's life inside the engine: its tokens, how many have K/V, and the blocks holding them.
+
+    token_ids:  p0 p1 ... p(P-1) | o0 o1 ... o(k-1)        (prompt | generated output)
+                |<---- num_computed_tokens ---->|           K/V written (or shared from the cache)
+    block_table covers at least num_computed_tokens positions; the last sampled token is never
+    computed until the next step, so a running sequence always has >= 1 uncomputed token.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from clairvoyant.worker.core.detokenize import IncrementalDetokenizer
+from clairvoyant.worker.core.sampling import SampleRow, SamplingParams
+from clairvoyant.worker.core.types import EngineRequest, FinishReason, Lineage
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"  # holds no blocks (new, or preempted and to be recomputed)
+    RUNNING = "running"  # holds blocks; mid-prefill or decoding
+    FINISHED = "finished"
+
+
+class Sequence:
+    """Mutable per-request state.  Block fields are written by the block manager only."""
+
+    def __init__(
+        self,
+        seq_id: int,
+        request: EngineRequest,
+        arrival_time: float,
+        generator: torch.Generator | None,
+        detokenizer: IncrementalDetokenizer,
+        eos_token_ids: tuple[int, ...],
+    ) -> None:
+        self.seq_id = seq_id
+        self.request_id = request.request_id
+        self.params: SamplingParams = request.sampling
+        self.priority = request.priority
+        self.lineage: Lineage | None = request.lineage
+        self.arrival_time = arrival_time
+        self.prompt_len = len(request.prompt_token_ids)
+        self.token_ids: list[int] = list(request.prompt_token_ids)
+        self.status = SequenceStatus.WAITING
+        self.finish_reason: FinishReason | None = None
+        self.num_computed_tokens = 0
+        self.block_table: list[int] = []
+        self.num_cached_blocks = 0  # leading blocks of block_table that are prefix-cache nodes
+        self.cached_tokens: int | None = None  # prompt tokens served from the cache at first admission
+        self.num_preemptions = 0
+        self.first_token_time: float | None = None
+        self.generator = generator
+        self.detokenizer = detokenizer
+        self.eos_token_ids = eos_token_ids
+
+    @property
+    def namespace(self) -> str | None:
+        """Prefix-cache namespace: the tenant."""
+        return None if self.lineage is None else self.lineage.tenant
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def sample_row(self) -> SampleRow:
+        """Sampling inputs for the next token: EOS is banned until ``min_tokens`` were generated."""
+        suppress = not self.params.ignore_eos and self.num_output_tokens < self.params.min_tokens
+        return SampleRow(self.params, self.generator, self.eos_token_ids if suppress else ())
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence({self.request_id!r}, {self.status.value}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, blocks={self.block_table})"
+        )

@@ -1,0 +1,81 @@
+"""Plain data crossing the engine boundary: requests in, outputs and stats out, and the errors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from clairvoyant.worker.core.sampling import SamplingParams
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """Who a request belongs to; tags the prefix-cache blocks it creates.
+
+    ``tenant`` is also the prefix-cache isolation boundary: a request only ever reuses blocks created by
+    requests of the same tenant (requests without a lineage share only among themselves).
+    """
+
+    tenant: str
+    workflow_id: str | None = None
+    agent_id: str | None = None
+    request_id: str | None = None
+
+
+@dataclass
+class EngineRequest:
+    """One generation request as the engine receives it (already tokenized)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    priority: float = 0.0  # set by the global scheduler; LARGER = more urgent
+    lineage: Lineage | None = None
+    arrival_time: float | None = None  # engine clock time; None = "now" at add_request
+
+
+@dataclass
+class RequestOutput:
+    """What one step produced for one request (incremental: only what is new since the last output)."""
+
+    request_id: str
+    new_token_ids: list[int]  # tokens sampled this step (includes a final EOS token, which has no text)
+    new_text: str  # text of new tokens, minus anything held back (partial UTF-8 char, possible stop prefix)
+    finished: bool
+    finish_reason: FinishReason | None  # "stop" (EOS or stop string), "length" (max_tokens), "abort"
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens served from the prefix cache when the request was first admitted
+    completion_tokens: int  # tokens generated so far, in total
+    first_token_time: float | None  # engine clock time of the first sampled token
+
+
+@dataclass
+class EngineStats:
+    """A snapshot of the engine's counters (``*_total`` are monotonic since start-up)."""
+
+    running: int  # sequences holding KV blocks (decoding or mid-prefill)
+    waiting: int  # queued sequences holding no blocks (new or preempted)
+    kv_blocks_used: int  # blocks not on the free list (includes those held only by the prefix cache)
+    kv_blocks_total: int
+    kv_blocks_cached: int  # blocks held only by the prefix cache (evictable on demand)
+    preemptions_total: int
+    prompt_tokens_total: int  # prompt tokens of all added requests
+    computed_prompt_tokens_total: int  # prompt positions run through the model (recomputes count again)
+    cached_prompt_tokens_total: int  # prompt positions served from the prefix cache (each admission)
+    generated_tokens_total: int
+    max_num_seqs: int
+
+
+class ContextLengthExceeded(ValueError):
+    """The prompt plus ``max_tokens`` does not fit the model's context window."""
+
+    def __init__(self, prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
+        super().__init__(
+            f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds the model's "
+            f"context length ({max_model_len} tokens)"
+        )
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.max_model_len = max_model_len

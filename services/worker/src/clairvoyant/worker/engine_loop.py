@@ -1,0 +1,142 @@
+"""Runs the synchronous engine core on its own thread and exposes it to asyncio.
+
+The engine (``core.engine.LLMEngine``) is single-threaded by contract.  One thread owns it: it
+applies queued commands (add, abort), runs ``step()`` while there is work, and hands each
+``RequestOutput`` to the asyncio queue of the request that owns it.  Everything else talks to the
+engine only through this class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from clairvoyant.worker.core.engine import EngineRequest, EngineStats, LLMEngine, RequestOutput
+
+logger = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class _Add:
+    request: EngineRequest
+
+
+@dataclass(frozen=True)
+class _Abort:
+    request_id: str
+
+
+_Item = RequestOutput | BaseException
+
+
+class AsyncEngine:
+    """Thread-safe, asyncio-facing wrapper around one ``LLMEngine``."""
+
+    def __init__(self, engine: LLMEngine, on_step: Callable[[EngineStats], None] | None = None) -> None:
+        self.engine = engine
+        self._on_step = on_step
+        self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[_Item]]] = {}
+        self._lock = threading.Lock()
+        self._stats = engine.stats()
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self._stopped = threading.Event()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._commands.put(None)
+        self._thread.join(timeout)
+
+    def stats(self) -> EngineStats:
+        """The stats after the most recent step (safe from any thread)."""
+        return self._stats
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        """Submit ``request`` and yield its outputs; leaving early aborts it and frees its blocks.
+
+        Errors from ``add_request`` (e.g. a prompt longer than the context window) are raised here,
+        before any output.
+        """
+        out: asyncio.Queue[_Item] = asyncio.Queue()
+        with self._lock:
+            if request.request_id in self._streams:
+                raise ValueError(f"request id {request.request_id!r} is already running on this worker")
+            self._streams[request.request_id] = (asyncio.get_running_loop(), out)
+        self._commands.put(_Add(request))
+        finished = False
+        try:
+            while not finished:
+                item = await out.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                self._commands.put(_Abort(request.request_id))
+            with self._lock:
+                self._streams.pop(request.request_id, None)
+
+    # -- engine thread -------------------------------------------------------------------------
+
+    def _deliver(self, request_id: str, item: _Item) -> None:
+        with self._lock:
+            target = self._streams.get(request_id)
+        if target is not None:
+            loop, out = target
+            with contextlib.suppress(RuntimeError):  # the loop closed during shutdown
+                loop.call_soon_threadsafe(out.put_nowait, item)
+
+    def _apply(self, command: _Add | _Abort) -> None:
+        if isinstance(command, _Abort):
+            self.engine.abort_request(command.request_id)
+            return
+        try:
+            self.engine.add_request(command.request)
+        except Exception as exc:  # reported to the caller, the engine is unchanged
+            self._deliver(command.request.request_id, exc)
+
+    def _run(self) -> None:
+        while True:
+            pending: list[_Add | _Abort | None] = []
+            try:
+                # Idle: sleep until a command arrives.  Busy: just pick up what is already queued.
+                idle = not self.engine.has_unfinished()
+                pending.append(self._commands.get() if idle else self._commands.get_nowait())
+            except queue.Empty:
+                pass
+            while True:
+                try:
+                    pending.append(self._commands.get_nowait())
+                except queue.Empty:
+                    break
+            for command in pending:
+                if command is None:
+                    return
+                self._apply(command)
+            if self.engine.has_unfinished():
+                try:
+                    outputs = self.engine.step()
+                except Exception:
+                    logger.exception("engine step failed; failing the running requests")
+                    self._fail_all()
+                    outputs = []
+                for output in outputs:
+                    self._deliver(output.request_id, output)
+            self._stats = self.engine.stats()
+            if self._on_step is not None:
+                self._on_step(self._stats)
+
+    def _fail_all(self) -> None:
+        with self._lock:
+            request_ids = list(self._streams)
+        for request_id in request_ids:
+            self.engine.abort_request(request_id)
+            self._deliver(request_id, RuntimeError("engine step failed"))

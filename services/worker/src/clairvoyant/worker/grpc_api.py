@@ -1,0 +1,159 @@
+"""The Worker gRPC service: a thin adapter from protobuf to ``WorkerService``."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import grpc
+
+from clairvoyant.contracts.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from clairvoyant.core.errors import ClairvoyantError, InvalidRequest
+from clairvoyant.core.grpcutil import abort
+from clairvoyant.core.telemetry import extract_context, tracer
+from clairvoyant.worker.core.sampling import SamplingParams
+from clairvoyant.worker.core.sequence import Lineage
+from clairvoyant.worker.heartbeat import Heartbeat
+from clairvoyant.worker.service import PromptInput, WorkerService
+
+logger = logging.getLogger(__name__)
+_tracer = tracer(__name__)
+
+
+def prompt_input(msg: worker_pb2.GenerateRequest | worker_pb2.PrefillRequest) -> PromptInput:
+    kind = msg.WhichOneof("input")
+    if kind == "chat":
+        return PromptInput(messages=[{"role": m.role, "content": m.content} for m in msg.chat.messages])
+    if kind == "prompt":
+        return PromptInput(text=msg.prompt)
+    if kind == "token_ids":
+        return PromptInput(token_ids=list(msg.token_ids.ids))
+    raise InvalidRequest("one of chat, prompt or token_ids is required", param="input")
+
+
+def sampling_params(msg: common_pb2.SamplingParams, default_max_tokens: int) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=msg.max_tokens if msg.HasField("max_tokens") else default_max_tokens,
+        temperature=msg.temperature if msg.HasField("temperature") else 1.0,
+        top_p=msg.top_p if msg.HasField("top_p") else 1.0,
+        seed=msg.seed if msg.HasField("seed") else None,
+        stop=tuple(msg.stop),
+        ignore_eos=msg.ignore_eos,
+        min_tokens=msg.min_tokens,
+    )
+
+
+def lineage(tenant: str, meta: common_pb2.AppMetadata, request_id: str) -> Lineage:
+    return Lineage(
+        tenant=tenant or "default", workflow_id=meta.workflow_id, agent_id=meta.agent_id, request_id=request_id
+    )
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+    def __init__(self, service: WorkerService, heartbeat: Heartbeat) -> None:
+        self.service = service
+        self.heartbeat = heartbeat
+
+    async def Generate(  # noqa: N802 - gRPC method name
+        self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        parent = extract_context(context.invocation_metadata())
+        request_id = request.request_id or f"req-{uuid.uuid4().hex}"
+        with _tracer.start_as_current_span("worker.generate", context=parent) as span:
+            span.set_attribute("cv.request_id", request_id)
+            span.set_attribute("cv.worker_id", self.service.worker_id)
+            try:
+                if request.model and request.model != self.service.model_name:
+                    raise InvalidRequest(
+                        f"this worker serves {self.service.model_name!r}, not {request.model!r}", param="model"
+                    )
+                ids = self.service.tokenize(prompt_input(request))
+                sampling = sampling_params(request.sampling, self.service.default_max_tokens(len(ids)))
+                engine_request = self.service.build_request(
+                    request_id,
+                    ids,
+                    sampling,
+                    priority=request.base_priority,
+                    lineage=lineage(request.tenant, request.app_metadata, request_id),
+                )
+            except ClairvoyantError as err:
+                await abort(context, err)
+            except ValueError as exc:
+                await abort(context, InvalidRequest(str(exc), param="sampling"))
+            span.set_attribute("cv.prompt_tokens", len(ids))
+            first = True
+            start = time.monotonic()
+            try:
+                async for out in self.service.run(engine_request):
+                    reply = worker_pb2.GenerateResponse(
+                        request_id=request_id, text=out.new_text, token_ids=out.new_token_ids
+                    )
+                    if first:
+                        reply.prompt_tokens = out.prompt_tokens
+                        if out.new_token_ids:
+                            span.add_event("first_token", {"cv.prefill_s": time.monotonic() - start})
+                            first = False
+                    if out.finished:
+                        reply.finish_reason = out.finish_reason or "stop"
+                        reply.usage.CopyFrom(
+                            common_pb2.Usage(
+                                prompt_tokens=out.prompt_tokens,
+                                completion_tokens=out.completion_tokens,
+                                total_tokens=out.prompt_tokens + out.completion_tokens,
+                                cached_tokens=out.cached_tokens,
+                            )
+                        )
+                        span.set_attribute("cv.completion_tokens", out.completion_tokens)
+                        span.set_attribute("cv.cached_tokens", out.cached_tokens)
+                    yield reply
+            except ValueError as exc:  # the engine refused it (e.g. larger than the whole KV pool)
+                await abort(context, InvalidRequest(str(exc), param="messages"))
+
+    async def Prefill(  # noqa: N802
+        self, request: worker_pb2.PrefillRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.PrefillResponse:
+        """Computes the prompt's KV (one token is sampled and discarded); it stays in the prefix cache."""
+        request_id = request.request_id or f"prefill-{uuid.uuid4().hex}"
+        try:
+            ids = self.service.tokenize(prompt_input(request))
+            engine_request = self.service.build_request(
+                request_id,
+                ids,
+                SamplingParams(max_tokens=1, temperature=0.0),
+                priority=-1e9,  # background work never outranks live requests
+                lineage=lineage(request.tenant, request.app_metadata, request_id),
+            )
+        except ClairvoyantError as err:
+            await abort(context, err)
+        cached = 0
+        try:
+            async for out in self.service.run(engine_request):
+                cached = out.cached_tokens
+        except ValueError as exc:
+            await abort(context, InvalidRequest(str(exc), param="input"))
+        return worker_pb2.PrefillResponse(prompt_tokens=len(ids), cached_tokens=cached)
+
+    async def ApplyDirectives(  # noqa: N802
+        self, request: worker_pb2.ApplyDirectivesRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.ApplyDirectivesResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "cache directives are not supported by this worker yet")
+        raise AssertionError("unreachable")
+
+    async def ExportKV(  # noqa: N802
+        self, request: worker_pb2.ExportKVRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[worker_pb2.KVChunk]:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "KV export is not supported by this worker yet")
+        yield worker_pb2.KVChunk()  # pragma: no cover - makes this an async generator
+
+    async def ImportKV(  # noqa: N802
+        self, request_iterator: AsyncIterator[worker_pb2.KVChunk], context: grpc.aio.ServicerContext
+    ) -> worker_pb2.ImportKVResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "KV import is not supported by this worker yet")
+        raise AssertionError("unreachable")
+
+    async def Stats(  # noqa: N802
+        self, request: worker_pb2.WorkerStatsRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.WorkerStats:
+        return self.heartbeat.snapshot()

@@ -1,0 +1,62 @@
+"""Publishes ``WorkerStats`` on ``cv.workers.<id>.stats`` every heartbeat interval.
+
+The scheduler learns of workers only from these: a worker that stops publishing is removed after
+three intervals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from clairvoyant.contracts.v1 import worker_pb2
+from clairvoyant.core.bus import EventBus, worker_stats_subject
+from clairvoyant.worker.config import WorkerSettings
+from clairvoyant.worker.engine_loop import AsyncEngine
+from clairvoyant.worker.runners.base import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+class Heartbeat:
+    def __init__(
+        self, settings: WorkerSettings, runner: ModelRunner, engine: AsyncEngine, grpc_address: str, http_address: str
+    ) -> None:
+        self.settings = settings
+        self.worker_id = settings.resolved_worker_id()
+        self.runner = runner
+        self.engine = engine
+        self.grpc_address = grpc_address
+        self.http_address = http_address
+        self.draining = False
+
+    def snapshot(self) -> worker_pb2.WorkerStats:
+        stats = self.engine.stats()
+        return worker_pb2.WorkerStats(
+            worker_id=self.worker_id,
+            model=self.runner.info.name,
+            grpc_address=self.grpc_address,
+            http_address=self.http_address,
+            running=stats.running,
+            queued=stats.waiting,
+            max_batch=stats.max_num_seqs,
+            kv_blocks_used=stats.kv_blocks_used,
+            kv_blocks_total=stats.kv_blocks_total,
+            kv_blocks_cached=stats.kv_blocks_cached,
+            block_size=self.settings.block_size,
+            max_model_len=self.runner.info.max_model_len,
+            preemptions_total=stats.preemptions_total,
+            heartbeat_interval_s=self.settings.heartbeat_interval_s,
+            timestamp=time.time(),
+            draining=self.draining,
+        )
+
+    async def run(self, bus: EventBus) -> None:
+        subject = worker_stats_subject(self.worker_id)
+        while True:
+            try:
+                await bus.publish(subject, self.snapshot().SerializeToString())
+            except Exception:  # a bus hiccup must not stop the heartbeat loop
+                logger.exception("heartbeat publish failed")
+            await asyncio.sleep(self.settings.heartbeat_interval_s)

@@ -1,0 +1,93 @@
+"""The contract between the engine core and a model runner.
+
+The engine core (``clairvoyant.worker.core``) owns sequences, the paged KV block accounting, the
+radix prefix cache and batch formation.  A runner owns the model and the physical KV storage; it
+knows nothing about scheduling.  Each engine step hands the runner one batch of ``ForwardItem``s
+(prefill chunks and decode tokens mixed) and gets back the last-position logits of the items that
+asked for them.
+
+Paged KV layout, as every runner must honour it::
+
+    block_table = [7, 2, 9]        block_size = 4
+    position:      0 1 2 3 | 4 5 6 7 | 8 9 ...
+    physical:      block 7 | block 2 | block 9
+    slot(pos)    = block_table[pos // block_size] * block_size + pos % block_size
+
+A runner writes the K/V of ``token_ids`` at positions ``start_pos .. start_pos+len-1`` into their
+slots, and attends over positions ``0 .. start_pos+len-1`` (causally) read back from the blocks.
+Positions ``< start_pos`` were written by earlier steps or shared from the prefix cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol, runtime_checkable
+
+import torch
+
+
+class ForwardItem(NamedTuple):
+    """One sequence's share of an engine step."""
+
+    seq_id: int
+    token_ids: Sequence[int]  # tokens whose K/V are computed this step (a prefill chunk or 1 decode token)
+    start_pos: int  # absolute position of token_ids[0] in the sequence
+    block_table: Sequence[int]  # physical blocks covering positions [0, start_pos + len(token_ids))
+    want_logits: bool  # True at the end of a prefill and for every decode token
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the rest of the system needs to know about a loaded model."""
+
+    name: str  # the id served on /v1/models
+    vocab_size: int
+    max_model_len: int  # context window in tokens (prompt + output)
+    eos_token_ids: tuple[int, ...]
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str = "float32"
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """Text <-> token ids, plus the chat template the model was trained with."""
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (no special tokens added)."""
+        ...
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of ``token_ids``; special tokens are skipped."""
+        ...
+
+    def apply_chat_template(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of a chat, rendered with the model's template (messages: role/content dicts)."""
+        ...
+
+
+@runtime_checkable
+class ModelRunner(Protocol):
+    """Runs the model over paged KV.  Synchronous; called from the engine thread only."""
+
+    info: ModelInfo
+    tokenizer: Tokenizer
+
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of K and V, all layers, for one token; the engine sizes its block pool with it."""
+        ...
+
+    def allocate_kv(self, num_blocks: int, block_size: int) -> None:
+        """Create the physical KV storage.  Called once, before the first ``forward``."""
+        ...
+
+    def forward(self, items: Sequence[ForwardItem]) -> torch.Tensor:
+        """Compute one step.
+
+        Returns float32 logits of shape ``[n, vocab_size]``, one row per item with ``want_logits``,
+        in the order of ``items``.  ``n`` may be 0.
+        """
+        ...

@@ -1,0 +1,141 @@
+"""What a worker does with one request, independent of the transport (gRPC or HTTP).
+
+Turns a prompt (chat messages, text or token ids) into an ``EngineRequest``, enforces the
+context window before anything is allocated, and keeps the worker's Prometheus metrics.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from clairvoyant.core.errors import ContextLengthExceeded, InvalidRequest
+from clairvoyant.core.metrics import LATENCY_BUCKETS
+from clairvoyant.worker.core.engine import EngineRequest, EngineStats, RequestOutput
+from clairvoyant.worker.core.sampling import SamplingParams
+from clairvoyant.worker.core.sequence import Lineage
+from clairvoyant.worker.engine_loop import AsyncEngine
+from clairvoyant.worker.runners.base import ModelRunner
+
+REQUESTS = Counter("cv_worker_requests_total", "Requests finished by the worker", ["status"])
+TTFT = Histogram("cv_worker_ttft_seconds", "Arrival to first token on the worker", buckets=LATENCY_BUCKETS)
+E2E = Histogram("cv_worker_e2e_seconds", "Arrival to last token on the worker", buckets=LATENCY_BUCKETS)
+RUNNING = Gauge("cv_worker_running", "Sequences running in the batch")
+QUEUED = Gauge("cv_worker_queued", "Sequences waiting in the local queue")
+KV_USED = Gauge("cv_worker_kv_blocks_used", "KV blocks in use (L1)")
+KV_TOTAL = Gauge("cv_worker_kv_blocks_total", "KV blocks in the pool (L1)")
+KV_CACHED = Gauge("cv_worker_kv_blocks_cached", "KV blocks held only by the prefix cache")
+PREEMPTIONS = Gauge("cv_worker_preemptions_total", "Sequences preempted (recompute) since start")
+GENERATED = Gauge("cv_worker_generated_tokens_total", "Output tokens generated since start")
+CACHED_PROMPT = Gauge("cv_worker_cached_prompt_tokens_total", "Prompt tokens served from the prefix cache")
+
+
+def record_stats(stats: EngineStats) -> None:
+    RUNNING.set(stats.running)
+    QUEUED.set(stats.waiting)
+    KV_USED.set(stats.kv_blocks_used)
+    KV_TOTAL.set(stats.kv_blocks_total)
+    KV_CACHED.set(stats.kv_blocks_cached)
+    PREEMPTIONS.set(stats.preemptions_total)
+    GENERATED.set(stats.generated_tokens_total)
+    CACHED_PROMPT.set(stats.cached_prompt_tokens_total)
+
+
+@dataclass(frozen=True)
+class PromptInput:
+    """Exactly one of the three is set."""
+
+    messages: Sequence[dict[str, str]] | None = None
+    text: str | None = None
+    token_ids: Sequence[int] | None = None
+
+
+_counter = itertools.count()
+
+
+class WorkerService:
+    def __init__(self, runner: ModelRunner, engine: AsyncEngine, worker_id: str) -> None:
+        self.runner = runner
+        self.engine = engine
+        self.worker_id = worker_id
+
+    @property
+    def model_name(self) -> str:
+        return self.runner.info.name
+
+    @property
+    def max_model_len(self) -> int:
+        return self.runner.info.max_model_len
+
+    def tokenize(self, prompt: PromptInput) -> list[int]:
+        tokenizer = self.runner.tokenizer
+        if prompt.messages is not None:
+            return tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True)
+        if prompt.text is not None:
+            return tokenizer.encode(prompt.text)
+        if prompt.token_ids is not None:
+            vocab = self.runner.info.vocab_size
+            bad = [t for t in prompt.token_ids if not 0 <= t < vocab]
+            if bad:
+                raise InvalidRequest(f"token ids out of range [0, {vocab}): {bad[:5]}", param="prompt")
+            return list(prompt.token_ids)
+        raise InvalidRequest("a prompt is required", param="prompt")
+
+    def build_request(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        *,
+        priority: float = 0.0,
+        lineage: Lineage | None = None,
+    ) -> EngineRequest:
+        """Checks the context window, then builds the engine request.  Raises InvalidRequest."""
+        if not prompt_ids:
+            raise InvalidRequest("the prompt is empty after tokenization", param="messages")
+        room = self.max_model_len - len(prompt_ids)
+        if room <= 0 or sampling.max_tokens > room:
+            raise ContextLengthExceeded(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{len(prompt_ids) + sampling.max_tokens} tokens ({len(prompt_ids)} in the prompt, "
+                f"{sampling.max_tokens} for the completion).",
+                param="messages",
+            )
+        return EngineRequest(
+            request_id=request_id or f"w{next(_counter)}",
+            prompt_token_ids=prompt_ids,
+            sampling=sampling,
+            priority=priority,
+            lineage=lineage,
+        )
+
+    def default_max_tokens(self, prompt_len: int) -> int:
+        return max(1, self.max_model_len - prompt_len)
+
+    async def run(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        """Stream the request's outputs, recording latency metrics and the final status."""
+        start = time.monotonic()
+        first = True
+        status = "cancelled"
+        try:
+            async for output in self.engine.generate(request):
+                if first and output.new_token_ids:
+                    TTFT.observe(time.monotonic() - start)
+                    first = False
+                if output.finished:
+                    status = "aborted" if output.finish_reason == "abort" else "ok"
+                yield output
+        except InvalidRequest:
+            status = "rejected"
+            raise
+        except Exception:
+            status = "error"
+            raise
+        finally:
+            REQUESTS.labels(status).inc()
+            if status == "ok":
+                E2E.observe(time.monotonic() - start)
