@@ -95,6 +95,9 @@ def create_app(service: WorkerService, heartbeat: Heartbeat) -> FastAPI:
             "page_size": stats.block_size,
             "running": stats.running,
             "queued": stats.queued,
+            "kv_blocks_used": stats.kv_blocks_used,
+            "kv_blocks_cached": stats.kv_blocks_cached,
+            "kv_blocks_total": stats.kv_blocks_total,
         }
 
     def model_info() -> dict[str, Any]:

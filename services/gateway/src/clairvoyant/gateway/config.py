@@ -1,0 +1,43 @@
+"""Gateway settings (environment prefix ``CV_``), on top of the shared ``ServiceSettings``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from sqlalchemy.engine import make_url
+
+from clairvoyant.core.config import ServiceSettings
+
+
+class GatewaySettings(ServiceSettings):
+    gateway_port: int = Field(8000, ge=0, le=65535, description="OpenAI-compatible HTTP API")
+    gateway_grpc_port: int = Field(50050, ge=0, le=65535, description="Gateway gRPC service; 0 disables it")
+    scheduler_address: str = Field("127.0.0.1:50051", min_length=1, description="host:port of the scheduler")
+    profiler_address: str = Field("", description="host:port of the profiler; empty: requests go un-annotated")
+    profiler_timeout_s: float = Field(0.02, gt=0, description="Annotate deadline; past it the request goes on")
+    database_url: str = Field("sqlite:///var/gateway.db", description="API keys (SQLAlchemy URL)")
+    max_request_bytes: int = Field(1_048_576, gt=0, description="larger bodies get 413")
+    max_tokens_limit: int = Field(32768, gt=0, description="the largest max_tokens a request may ask for")
+    default_max_tokens: int = Field(256, gt=0, description="max_tokens when a request sets none")
+    schedule_timeout_s: float = Field(300.0, gt=0, description="longest wait in the scheduler's queue")
+    require_api_key: bool | None = Field(
+        None, description="None (auto): keys are required iff at least one active key exists"
+    )
+    key_refresh_s: float = Field(5.0, gt=0, description="how often the in-memory key cache reloads (revocations)")
+    model_cache_s: float = Field(1.0, ge=0, description="how long a scheduler Snapshot answers /v1/models")
+    shutdown_grace_s: float = Field(10.0, ge=0, description="time in-flight requests get on SIGTERM")
+
+    @model_validator(mode="after")
+    def _check(self) -> GatewaySettings:
+        if self.default_max_tokens > self.max_tokens_limit:
+            raise ValueError("default_max_tokens must not exceed max_tokens_limit")
+        make_url(self.database_url)  # fail at start on a malformed URL, not at the first request
+        return self
+
+    def sqlite_path(self) -> Path | None:
+        """The SQLite file behind ``database_url`` (None for other databases or in-memory SQLite)."""
+        url = make_url(self.database_url)
+        if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+            return None
+        return Path(url.database)

@@ -1,0 +1,112 @@
+"""The validated, transport-neutral form of a generation request, and what comes back.
+
+The HTTP edge (pydantic) and the gRPC edge (protobuf) both produce a ``GenerationRequest``; the
+pipeline never sees a transport type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from clairvoyant.contracts.v1 import common_pb2
+from clairvoyant.core.app_metadata import AppMetadata
+
+# The value of CompletionRecord.endpoint, and the label on the gateway's metrics.
+Endpoint = Literal["chat.completions", "completions", "grpc"]
+
+
+@dataclass(frozen=True)
+class ChatTurn:
+    role: str  # system | user | assistant | tool
+    content: str
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_tokens: int
+    temperature: float | None = None  # None: the worker's default
+    top_p: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    min_tokens: int = 0
+
+    def to_proto(self) -> common_pb2.SamplingParams:
+        msg = common_pb2.SamplingParams(
+            max_tokens=self.max_tokens, stop=list(self.stop), ignore_eos=self.ignore_eos, min_tokens=self.min_tokens
+        )
+        if self.temperature is not None:
+            msg.temperature = self.temperature
+        if self.top_p is not None:
+            msg.top_p = self.top_p
+        if self.seed is not None:
+            msg.seed = self.seed
+        return msg
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """Exactly one of ``chat`` and ``prompt`` is set."""
+
+    request_id: str  # uuid hex; responses are named chatcmpl-<id> / cmpl-<id>
+    tenant: str  # from the API key, never from the body
+    endpoint: Endpoint
+    model: str
+    sampling: Sampling
+    arrival_time: float  # wall clock, seconds since the epoch
+    chat: tuple[ChatTurn, ...] | None = None
+    prompt: str | None = None
+    app_metadata: AppMetadata | None = None
+    stream: bool = False
+    echo_annotations: bool = False
+
+    def __post_init__(self) -> None:
+        assert (self.chat is None) != (self.prompt is None), "exactly one of chat and prompt"
+
+    def prompt_chars(self) -> int:
+        if self.prompt is not None:
+            return len(self.prompt)
+        return sum(len(turn.content) for turn in self.chat or ())
+
+    def estimated_prompt_tokens(self) -> int:
+        """A cheap guess for the scheduler (about four characters a token); the worker counts exactly."""
+        turns = len(self.chat or ())
+        return max(1, self.prompt_chars() // 4 + 4 * turns)
+
+
+@dataclass(frozen=True)
+class TokenUsage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    @classmethod
+    def from_proto(cls, usage: common_pb2.Usage) -> TokenUsage:
+        return cls(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
+
+    def to_proto(self) -> common_pb2.Usage:
+        return common_pb2.Usage(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            total_tokens=self.total_tokens,
+            cached_tokens=self.cached_tokens,
+        )
+
+
+@dataclass(frozen=True)
+class CompletionResult:
+    """A whole (non-streamed) answer."""
+
+    request_id: str
+    model: str
+    created: int  # seconds since the epoch, as OpenAI reports it
+    text: str
+    finish_reason: str
+    usage: TokenUsage
+    annotations: common_pb2.SysAnnotations | None = field(default=None)

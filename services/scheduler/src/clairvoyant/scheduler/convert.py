@@ -1,0 +1,66 @@
+"""Wire <-> core: protobuf messages to the core's value objects and back."""
+
+from __future__ import annotations
+
+from clairvoyant.contracts.v1 import common_pb2, scheduler_pb2
+from clairvoyant.core.app_metadata import AppMetadata
+from clairvoyant.core.errors import InvalidRequest
+from clairvoyant.scheduler.core import Decision, QueuedRequest, SchedulerSnapshot
+
+
+def queued_request(msg: scheduler_pb2.ScheduleRequest, now: float) -> QueuedRequest:
+    """Raises InvalidRequest when the ids the scheduler keys on are missing."""
+    if not msg.request_id:
+        raise InvalidRequest("request_id is required", param="request_id")
+    if not msg.model:
+        raise InvalidRequest("model is required", param="model")
+    annotations = None
+    if msg.HasField("annotations"):
+        annotations = common_pb2.SysAnnotations()
+        annotations.CopyFrom(msg.annotations)  # a copy: the request message is not ours to keep
+    return QueuedRequest(
+        request_id=msg.request_id,
+        tenant=msg.tenant,
+        model=msg.model,
+        arrival_time=now,
+        prompt_tokens=msg.prompt_tokens,
+        max_tokens=msg.max_tokens,
+        app_metadata=AppMetadata.from_proto(msg.app_metadata) if msg.HasField("app_metadata") else None,
+        annotations=annotations,
+        exclude_workers=frozenset(msg.exclude_workers),
+    )
+
+
+def placement(decision: Decision) -> scheduler_pb2.Placement:
+    return scheduler_pb2.Placement(
+        request_id=decision.request_id,
+        worker_id=decision.worker_id,
+        worker_address=decision.worker.address,
+        base_priority=decision.base_priority,
+        queue_wait_s=decision.queue_wait_s,
+    )
+
+
+def snapshot(snap: SchedulerSnapshot) -> scheduler_pb2.SchedulerSnapshot:
+    return scheduler_pb2.SchedulerSnapshot(
+        policy=snap.policy,
+        queues=[scheduler_pb2.ModelQueue(model=q.model, depth=q.depth, capacity=q.capacity) for q in snap.queues],
+        workers=[
+            scheduler_pb2.WorkerState(
+                worker_id=w.worker_id,
+                model=w.model,
+                address=w.address,
+                http_address=w.http_address,
+                running=w.running,
+                queued=w.queued,
+                placed=w.placed,
+                max_batch=w.max_batch,
+                kv_blocks_used=w.kv_blocks_used,
+                kv_blocks_total=w.kv_blocks_total,
+                max_model_len=w.max_model_len,
+                draining=w.draining,
+                last_heartbeat_age_s=max(0.0, snap.taken_at - w.last_heartbeat),
+            )
+            for w in snap.workers
+        ],
+    )

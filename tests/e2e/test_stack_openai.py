@@ -1,0 +1,157 @@
+"""End to end through the official openai SDK: gateway -> scheduler -> worker -> JetStream record."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import nats
+import pytest
+from openai import AsyncOpenAI, OpenAI
+
+from clairvoyant.contracts.v1 import common_pb2
+from clairvoyant.core.bus import COMPLETIONS_STREAM, COMPLETIONS_SUBJECT
+from clairvoyant.core.stack import Stack
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+MODEL = "tiny-random"
+META = {"workflow_type_id": "coding_assistant", "workflow_id": "wf-e2e-1", "agent_id": "engineer"}
+
+
+def client(stack: Stack) -> OpenAI:
+    return OpenAI(base_url=f"{stack.gateway_url}/v1", api_key="none", max_retries=0)
+
+
+async def records(stack: Stack, expect: int, timeout: float = 10.0) -> list[common_pb2.CompletionRecord]:
+    """Every completion record on the JetStream stream (waits until at least ``expect`` exist)."""
+    nc = await nats.connect(stack.nats_url)
+    try:
+        js = nc.jetstream()
+        deadline = time.monotonic() + timeout
+        while True:
+            info = await js.stream_info(COMPLETIONS_STREAM)
+            if info.state.messages >= expect or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        sub = await js.subscribe(COMPLETIONS_SUBJECT, ordered_consumer=True)
+        out = []
+        for _ in range(info.state.messages):
+            msg = await sub.next_msg(timeout=5)
+            out.append(common_pb2.CompletionRecord.FromString(msg.data))
+        await sub.unsubscribe()
+        return out
+    finally:
+        await nc.close()
+
+
+def worker_load(stack: Stack) -> list[dict[str, int]]:
+    return [httpx.get(f"{url}/get_server_info", timeout=5).json() for url in stack.worker_http_urls]
+
+
+def test_models_lists_the_served_model(stack: Stack) -> None:
+    models = client(stack).models.list()
+    assert [m.id for m in models.data] == [MODEL]
+
+
+def test_chat_non_streaming_and_record(stack: Stack) -> None:
+    meta = {**META, "workflow_id": "wf-nonstream"}
+    reply = client(stack).chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "hello there"}],
+        max_tokens=12,
+        temperature=0,
+        extra_body={"app_metadata": meta, "ignore_eos": True},
+    )
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage.completion_tokens == 12
+    assert reply.usage.prompt_tokens > 0
+    assert reply.choices[0].message.role == "assistant"
+    found = [r for r in asyncio.run(records(stack, 1)) if r.app_metadata.workflow_id == "wf-nonstream"]
+    assert len(found) == 1
+    record = found[0]
+    assert record.tenant == "default"
+    assert (record.app_metadata.workflow_type_id, record.app_metadata.agent_id) == ("coding_assistant", "engineer")
+    assert record.model == MODEL
+    assert record.worker_id in ("worker-1", "worker-2")
+    assert record.output_tokens == 12 and record.prompt_tokens == reply.usage.prompt_tokens
+    assert record.status == common_pb2.REQUEST_STATUS_OK and record.finish_reason == "length"
+    t = record.timing
+    assert 0 < t.arrival_time <= t.scheduled_time <= t.first_token_time <= t.end_time
+
+
+def test_greedy_is_deterministic_and_streaming_matches(stack: Stack) -> None:
+    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": "stream me"}], max_tokens=10,
+                  temperature=0, extra_body={"ignore_eos": True})
+    whole = client(stack).chat.completions.create(**kwargs).choices[0].message.content
+    stream = client(stack).chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs)
+    pieces, finish, usage = [], None, None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            pieces.append(choice.delta.content or "")
+            finish = choice.finish_reason or finish
+    assert "".join(pieces) == whole
+    assert finish == "length"
+    assert usage is not None and usage.completion_tokens == 10
+
+
+def test_completions_endpoint(stack: Stack) -> None:
+    reply = client(stack).completions.create(model=MODEL, prompt="abc", max_tokens=5, temperature=0,
+                                             extra_body={"ignore_eos": True})
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage.completion_tokens == 5
+
+
+def test_32_concurrent_requests_complete_on_both_workers(stack: Stack) -> None:
+    async def run() -> list[int]:
+        api = AsyncOpenAI(base_url=f"{stack.gateway_url}/v1", api_key="none", max_retries=0, timeout=120)
+        replies = await asyncio.gather(*[
+            api.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": f"request {i}"}], max_tokens=8,
+                temperature=0, extra_body={"ignore_eos": True, "app_metadata": {**META, "workflow_id": "wf-burst"}},
+            )
+            for i in range(32)
+        ])
+        await api.close()
+        return [r.usage.completion_tokens for r in replies]
+
+    assert asyncio.run(run()) == [8] * 32
+    burst = [r for r in asyncio.run(records(stack, 32)) if r.app_metadata.workflow_id == "wf-burst"]
+    assert len(burst) == 32
+    assert {r.worker_id for r in burst} == {"worker-1", "worker-2"}
+
+
+def test_cancelled_stream_frees_worker_blocks(stack: Stack) -> None:
+    before = sum(w["running"] for w in worker_load(stack))
+    assert before == 0
+    with httpx.stream(
+        "POST", f"{stack.gateway_url}/v1/chat/completions", timeout=30,
+        json={"model": MODEL, "messages": [{"role": "user", "content": "long one"}], "max_tokens": 1500,
+              "ignore_eos": True, "stream": True, "app_metadata": {**META, "workflow_id": "wf-cancel"}},
+    ) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        for line in lines:
+            if line.startswith("data: ") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
+                break
+        busy = sum(w["running"] for w in worker_load(stack))
+        assert busy == 1
+    # Leaving the block closed the connection; the worker must abort the sequence promptly.
+    deadline = time.monotonic() + 10
+    while sum(w["running"] for w in worker_load(stack)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    load = worker_load(stack)
+    assert sum(w["running"] for w in load) == 0
+    # Only the prefix cache may still hold blocks; nothing belongs to a live sequence.
+    assert [w["kv_blocks_used"] for w in load] == [w["kv_blocks_cached"] for w in load]
+    cancelled = [r for r in asyncio.run(records(stack, 1)) if r.app_metadata.workflow_id == "wf-cancel"]
+    deadline = time.monotonic() + 10
+    while not cancelled and time.monotonic() < deadline:
+        time.sleep(0.2)
+        cancelled = [r for r in asyncio.run(records(stack, 1)) if r.app_metadata.workflow_id == "wf-cancel"]
+    assert len(cancelled) == 1
+    assert cancelled[0].status == common_pb2.REQUEST_STATUS_CANCELLED
+    assert 0 < cancelled[0].output_tokens < 1500
