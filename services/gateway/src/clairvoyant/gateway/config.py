@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from clairvoyant.core.config import ServiceSettings
 from pydantic import Field, model_validator
 from sqlalchemy.engine import make_url
-
-from clairvoyant.core.config import ServiceSettings
 
 
 class GatewaySettings(ServiceSettings):

@@ -25,7 +25,7 @@ class ChatTurn:
 
 @dataclass(frozen=True)
 class Sampling:
-    max_tokens: int
+    max_tokens: int | None = None  # None until the pipeline applies its default for the model
     temperature: float | None = None  # None: the worker's default
     top_p: float | None = None
     seed: int | None = None
@@ -34,9 +34,9 @@ class Sampling:
     min_tokens: int = 0
 
     def to_proto(self) -> common_pb2.SamplingParams:
-        msg = common_pb2.SamplingParams(
-            max_tokens=self.max_tokens, stop=list(self.stop), ignore_eos=self.ignore_eos, min_tokens=self.min_tokens
-        )
+        msg = common_pb2.SamplingParams(stop=list(self.stop), ignore_eos=self.ignore_eos, min_tokens=self.min_tokens)
+        if self.max_tokens is not None:
+            msg.max_tokens = self.max_tokens
         if self.temperature is not None:
             msg.temperature = self.temperature
         if self.top_p is not None:

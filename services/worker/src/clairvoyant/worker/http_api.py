@@ -70,6 +70,12 @@ def _sse(payload: dict[str, Any] | str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
+async def _prepend(first: RequestOutput, rest: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
+    yield first
+    async for item in rest:
+        yield item
+
+
 def create_app(service: WorkerService, heartbeat: Heartbeat) -> FastAPI:
     app = FastAPI(title="Clairvoyant worker", docs_url=None, redoc_url=None)
 
@@ -138,15 +144,22 @@ def create_app(service: WorkerService, heartbeat: Heartbeat) -> FastAPI:
         ids = service.tokenize(prompt)
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         try:
-            request = service.build_request(request_id, ids, body.sampling(service.default_max_tokens(len(ids))))
-        except ValueError as exc:
+            sampling = body.sampling(service.default_max_tokens(len(ids)))
+        except ValueError as exc:  # e.g. min_tokens > max_tokens
             raise InvalidRequest(str(exc)) from exc
+        request = service.build_request(request_id, ids, sampling)
         outputs = service.run(request)
+        try:  # admission errors surface with the first output, before any byte is sent
+            first = await anext(outputs)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), param="messages") from exc
         created = int(time.time())
         if body.stream:
-            return StreamingResponse(_stream(outputs, request_id, created, chat), media_type="text/event-stream")
+            return StreamingResponse(
+                _stream(_prepend(first, outputs), request_id, created, chat), media_type="text/event-stream"
+            )
         text, last = [], None
-        async for out in outputs:
+        async for out in _prepend(first, outputs):
             text.append(out.new_text)
             last = out
         assert last is not None and last.finished

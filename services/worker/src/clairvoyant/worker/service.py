@@ -114,7 +114,10 @@ class WorkerService:
         )
 
     def default_max_tokens(self, prompt_len: int) -> int:
-        return max(1, self.max_model_len - prompt_len)
+        """What an unset max_tokens means: the rest of the context window, or of the KV pool."""
+        config = self.engine.engine.config
+        pool_tokens = config.num_blocks * config.block_size
+        return max(1, min(self.max_model_len, pool_tokens) - prompt_len)
 
     async def run(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         """Stream the request's outputs, recording latency metrics and the final status."""

@@ -64,7 +64,9 @@ class LLMEngine:
         self.config = config
         self.clock = clock
         self.kv = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_cache)
-        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.aging_rate)
+        self.scheduler = Scheduler(
+            self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.aging_rate
+        )
         self.last_schedule = SchedulerOutput()  # diagnostics of the latest step
         self._seqs: dict[str, Sequence] = {}  # live requests (waiting or running)
         self._aborted: list[RequestOutput] = []  # final outputs to deliver on the next step
@@ -140,7 +142,8 @@ class LLMEngine:
         for seq, n in batch.chunks:
             start = seq.num_computed_tokens
             want_logits = start + n == seq.num_tokens
-            items.append(ForwardItem(seq.seq_id, seq.token_ids[start : start + n], start, seq.block_table, want_logits))
+            table = list(seq.block_table)  # a snapshot: the cache may swap shared blocks in later
+            items.append(ForwardItem(seq.seq_id, seq.token_ids[start : start + n], start, table, want_logits))
             if want_logits:
                 samplers.append(seq)
         logits = self.runner.forward(items)
@@ -225,5 +228,5 @@ class LLMEngine:
         live = {s.request_id for s in running} | {s.request_id for s in waiting}
         assert live == set(self._seqs) and len(live) == len(running) + len(waiting)
         for seq in running:
-            assert 1 <= seq.num_uncomputed_tokens, seq
+            assert seq.num_uncomputed_tokens >= 1, seq
         self.kv.check_integrity([*running, *waiting])

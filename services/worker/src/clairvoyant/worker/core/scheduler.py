@@ -85,7 +85,9 @@ class Scheduler:
             if seq.status is SequenceStatus.RUNNING:
                 step.schedule_prefill(seq)
             elif admission_open:
-                admission_open = step.admit(seq)
+                # Memory is short once a sequence was preempted: admit nothing less urgent than it.
+                victim_keys = [step.key(victim) for victim in step.preempted_set]
+                admission_open = all(k < step.key(seq) for k in victim_keys) and step.admit(seq)
         return step.out
 
     def preempt(self, seq: Sequence) -> None:
@@ -121,8 +123,9 @@ class _Step:
                 return
         self._add(seq, 1)
 
-    def schedule_prefill(self, seq: Sequence) -> bool:
-        """Schedule as much of ``seq``'s remaining prefill as budget and memory allow; False if none."""
+    def schedule_prefill(self, seq: Sequence, allow_partial: bool = True) -> bool:
+        """Schedule the next prefill chunk of ``seq``, preempting less urgent sequences if that makes
+        room; with ``allow_partial``, settle for what fits.  False if nothing was scheduled."""
         num_tokens = min(seq.num_uncomputed_tokens, self.budget)
         needed = self.kv.blocks_needed(seq, num_tokens)
         if needed > self.kv.num_allocatable_blocks and needed <= self._reclaimable_below(seq):
@@ -131,8 +134,7 @@ class _Step:
                 assert victim is not None
                 self._preempt(victim)
         elif not self.kv.allocate(seq, num_tokens):
-            # No room for the whole chunk even by preempting: compute what fits now.
-            num_tokens = min(num_tokens, self.kv.max_new_tokens(seq))
+            num_tokens = min(num_tokens, self.kv.max_new_tokens(seq)) if allow_partial else 0
             if num_tokens == 0 or not self.kv.allocate(seq, num_tokens):
                 return False
         self._add(seq, num_tokens)
@@ -149,7 +151,9 @@ class _Step:
         self.sched.waiting.remove(seq)
         self.sched.running.append(seq)
         seq.status = SequenceStatus.RUNNING
-        if not self.schedule_prefill(seq):
+        # A new sequence must get its whole first chunk: a sliver would only hold blocks that the
+        # more urgent running sequences are about to need.
+        if not self.schedule_prefill(seq, allow_partial=False):
             self.kv.free(seq)
             self.sched.running.remove(seq)
             self.sched.waiting.append(seq)

@@ -1,9 +1,10 @@
-"""A request's life inside the engine: its tokens, how many have K/V, and the blocks holding them.
+"""A request's life inside the engine: its tokens, how many have K/V, and the blocks holding them::
 
     token_ids:  p0 p1 ... p(P-1) | o0 o1 ... o(k-1)        (prompt | generated output)
                 |<---- num_computed_tokens ---->|           K/V written (or shared from the cache)
-    block_table covers at least num_computed_tokens positions; the last sampled token is never
-    computed until the next step, so a running sequence always has >= 1 uncomputed token.
+
+block_table covers at least num_computed_tokens positions; the last sampled token is never
+computed until the next step, so a running sequence always has >= 1 uncomputed token.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ from __future__ import annotations
 import enum
 
 import torch
-
 from clairvoyant.worker.core.detokenize import IncrementalDetokenizer
 from clairvoyant.worker.core.sampling import SampleRow, SamplingParams
 from clairvoyant.worker.core.types import EngineRequest, FinishReason, Lineage
+
+__all__ = ["EngineRequest", "Lineage", "Sequence", "SequenceStatus"]
 
 
 class SequenceStatus(enum.Enum):

@@ -10,10 +10,9 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from clairvoyant.worker.models.attention import PagedContext, causal_attention, paged_attention
 from clairvoyant.worker.models.config import Llama3RopeScaling, ModelConfig
+from torch import nn
 
 
 class RMSNorm(nn.Module):

@@ -15,15 +15,14 @@ from typing import Any
 import numpy as np
 import tokenizers
 import torch
-from gguf import GGUFReader
-from gguf.quants import dequantize
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
-
 from clairvoyant.worker.models.config import ModelConfig
 from clairvoyant.worker.models.llama import build_from_state_dict
 from clairvoyant.worker.runners.base import ModelInfo
 from clairvoyant.worker.runners.tokenizer import ChatTemplate, FastTokenizer
 from clairvoyant.worker.runners.torch_runner import TorchRunner
+from gguf import GGUFReader
+from gguf.quants import dequantize
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 
 logger = logging.getLogger(__name__)
 
@@ -186,8 +185,9 @@ def gguf_tokenizer(reader: GGUFReader) -> tuple[FastTokenizer, tuple[int, ...]]:
     backend.pre_tokenizer = PRE_TOKENIZERS.get(pre, PRE_TOKENIZERS["gpt2"])()
     backend.decoder = decoders.ByteLevel()
     # Control (3) tokens are matched whole and skipped on decode; user-defined (4) are matched whole only.
-    backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t, k in zip(tokens, token_types) if k == 3])
-    backend.add_tokens([AddedToken(t, normalized=False, special=False) for t, k in zip(tokens, token_types) if k == 4])
+    typed = list(zip(tokens, token_types, strict=True))
+    backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t, kind in typed if kind == 3])
+    backend.add_tokens([AddedToken(t, normalized=False, special=False) for t, kind in typed if kind == 4])
     special = {
         name: tokens[int(token_id)]
         for name, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"))

@@ -1,0 +1,155 @@
+"""gRPC clients of the services the gateway drives: scheduler, workers and (optionally) profiler.
+
+Each turns a failed call into the shared error hierarchy, so the pipeline only sees
+``ClairvoyantError``s, and passes the current trace context as call metadata.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Protocol, TypeAlias
+
+import grpc
+from clairvoyant.contracts.v1 import (
+    common_pb2,
+    profiler_pb2,
+    profiler_pb2_grpc,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+    worker_pb2,
+    worker_pb2_grpc,
+)
+from clairvoyant.core.errors import ERROR_TRAILER, ClairvoyantError, Unavailable, from_rpc_error
+from clairvoyant.core.grpcutil import channel
+from clairvoyant.core.telemetry import grpc_metadata
+from clairvoyant.gateway.request import GenerationRequest
+
+logger = logging.getLogger(__name__)
+
+GenerateCall: TypeAlias = grpc.aio.UnaryStreamCall  # the stream of worker_pb2.GenerateResponse
+
+
+def has_detail(err: grpc.aio.AioRpcError) -> bool:
+    """Whether a service (rather than the gRPC runtime) raised this error with an ErrorDetail."""
+    return any(key == ERROR_TRAILER for key, _ in err.trailing_metadata() or ())
+
+
+def rpc_error(err: grpc.aio.AioRpcError, what: str) -> ClairvoyantError:
+    """The typed error behind ``err``; transport failures get a message naming ``what`` failed."""
+    if has_detail(err):
+        return from_rpc_error(err)
+    if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return Unavailable(f"{what} timed out", code="timeout")
+    if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN):
+        return Unavailable(f"{what} unavailable: {err.details()}")
+    return from_rpc_error(err)
+
+
+class SchedulerClient:
+    def __init__(self, address: str, schedule_timeout_s: float) -> None:
+        self.address = address
+        self.schedule_timeout_s = schedule_timeout_s
+        self._channel = channel(address)
+        self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
+
+    async def schedule(self, request: scheduler_pb2.ScheduleRequest) -> scheduler_pb2.Placement:
+        """Waits in the model's global queue.  Raises QueueFull, NoWorkers, Unavailable, ..."""
+        try:
+            placement: scheduler_pb2.Placement = await self._stub.Schedule(
+                request, timeout=self.schedule_timeout_s, metadata=grpc_metadata()
+            )
+        except grpc.aio.AioRpcError as err:
+            if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise Unavailable(
+                    f"no worker had room within {self.schedule_timeout_s:g} s", code="queue_timeout"
+                ) from None
+            raise rpc_error(err, "scheduler") from None
+        return placement
+
+    async def complete(self, request_id: str, worker_id: str, status: int) -> None:
+        """Releases a placement.  Never raises: the scheduler also reaps placements of dead calls."""
+        request = scheduler_pb2.CompleteRequest(request_id=request_id, worker_id=worker_id, status=status)  # type: ignore[arg-type]
+        try:
+            await self._stub.Complete(request, timeout=5.0, metadata=grpc_metadata())
+        except grpc.aio.AioRpcError as err:
+            logger.warning("Complete(%s) failed: %s %s", request_id, err.code().name, err.details())
+
+    async def snapshot(self, timeout_s: float = 2.0) -> scheduler_pb2.SchedulerSnapshot:
+        try:
+            snap: scheduler_pb2.SchedulerSnapshot = await self._stub.Snapshot(
+                scheduler_pb2.SnapshotRequest(), timeout=timeout_s
+            )
+        except grpc.aio.AioRpcError as err:
+            raise rpc_error(err, f"scheduler at {self.address}") from None
+        return snap
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+
+class WorkerPool:
+    """One channel per worker address, opened on first use."""
+
+    def __init__(self) -> None:
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def generate(self, address: str, request: worker_pb2.GenerateRequest) -> GenerateCall:
+        chan = self._channels.get(address)
+        if chan is None:
+            chan = self._channels[address] = channel(address)
+        stub = worker_pb2_grpc.WorkerStub(chan)
+        return stub.Generate(request, metadata=grpc_metadata())
+
+    async def forget(self, address: str) -> None:
+        """Drop a channel after the worker failed: a fresh one skips gRPC's reconnect back-off."""
+        chan = self._channels.pop(address, None)
+        if chan is not None:
+            with contextlib.suppress(Exception):
+                await chan.close(grace=None)
+
+    async def close(self) -> None:
+        for address in list(self._channels):
+            await self.forget(address)
+
+
+class Annotator(Protocol):
+    async def annotate(self, request: GenerationRequest, prompt_tokens: int) -> common_pb2.SysAnnotations | None:
+        """The profiler's predictions, or None (the request continues un-annotated).  Never raises."""
+        ...
+
+
+class NoAnnotator:
+    async def annotate(self, request: GenerationRequest, prompt_tokens: int) -> common_pb2.SysAnnotations | None:
+        return None
+
+
+class ProfilerAnnotator:
+    """Asks the profiler within a few milliseconds; a slow or dead profiler means the reactive tier."""
+
+    def __init__(self, address: str, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._channel = channel(address)
+        self._stub = profiler_pb2_grpc.ProfilerStub(self._channel)
+
+    async def annotate(self, request: GenerationRequest, prompt_tokens: int) -> common_pb2.SysAnnotations | None:
+        if request.app_metadata is None:
+            return None  # nothing to look up: the profiler keys everything by workflow and agent
+        msg = profiler_pb2.AnnotateRequest(
+            request_id=request.request_id,
+            tenant=request.tenant,
+            app_metadata=request.app_metadata.to_proto(),
+            model=request.model,
+            prompt_tokens=prompt_tokens,
+        )
+        try:
+            reply: profiler_pb2.AnnotateResponse = await self._stub.Annotate(
+                msg, timeout=self.timeout_s, metadata=grpc_metadata()
+            )
+        except grpc.aio.AioRpcError as err:
+            logger.debug("Annotate(%s) skipped: %s", request.request_id, err.code().name)
+            return None
+        return reply.annotations
+
+    async def close(self) -> None:
+        await self._channel.close()

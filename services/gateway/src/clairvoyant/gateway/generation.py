@@ -1,0 +1,181 @@
+"""One accepted request: a placement on a worker and the open Generate stream from it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import grpc
+from clairvoyant.contracts.v1 import common_pb2, scheduler_pb2, worker_pb2
+from clairvoyant.core.errors import ClairvoyantError, Unavailable
+from clairvoyant.gateway import metrics
+from clairvoyant.gateway.clients import GenerateCall, rpc_error
+from clairvoyant.gateway.records import STATUS_CANCELLED, STATUS_ERROR, STATUS_OK, Outcome
+from clairvoyant.gateway.request import CompletionResult, GenerationRequest, TokenUsage
+from opentelemetry import trace
+
+if TYPE_CHECKING:
+    from clairvoyant.gateway.pipeline import Pipeline
+
+logger = logging.getLogger(__name__)
+
+
+class Generation:
+    """Made by ``Pipeline.start`` once the worker's first message is in (so every refusal of the
+    request has already been raised).  Iterate ``deltas()`` once, then always ``close()``.
+
+    ``close()`` is idempotent and safe to call from a cancelled task: it cancels the worker call
+    at once (freeing the sequence's KV blocks) and finishes the rest -- releasing the placement
+    and publishing the CompletionRecord -- in a task of its own that the cancellation cannot
+    interrupt.  The record's status follows from how far the stream got: OK when the worker sent
+    a finish_reason, ERROR when the system failed, CANCELLED when the caller stopped early.
+    """
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        request: GenerationRequest,
+        placement: scheduler_pb2.Placement,
+        call: GenerateCall,
+        annotations: common_pb2.SysAnnotations | None,
+        scheduled_time: float,
+        request_span: trace.Span,
+        attempt_span: trace.Span,
+    ) -> None:
+        self.request = request
+        self.placement = placement
+        self.annotations = annotations
+        self.created = int(request.arrival_time)
+        self.finish_reason: str | None = None
+        self.usage = TokenUsage()
+        self._pipeline = pipeline
+        self._call = call
+        self._request_span = request_span
+        self._attempt_span = attempt_span
+        self._scheduled_time = scheduled_time
+        self._first_token_time = 0.0
+        self._pending: worker_pb2.GenerateResponse | None = None
+        self._tokens_seen = 0
+        self._prompt_tokens = 0
+        self._error: ClairvoyantError | None = None
+        self._recorded = True  # False: release the placement but publish nothing
+        self._final = True  # False: a retry follows, so closing this attempt does not end the request
+        self._closing: asyncio.Future[None] | None = None
+
+    @property
+    def worker_id(self) -> str:
+        return self.placement.worker_id
+
+    async def open(self) -> None:
+        """Wait for the worker's first message; a worker refuses a request (e.g. context length) before it."""
+        msg = await self._read()
+        if msg is None:
+            self._error = Unavailable(f"worker {self.worker_id} closed the stream before answering")
+            raise self._error
+        self._pending = msg
+
+    def discard(self, *, retrying: bool = False) -> None:
+        """Publish no record for this attempt: the input was refused, or (``retrying``) it is re-placed."""
+        self._recorded = False
+        self._final = not retrying
+
+    async def deltas(self) -> AsyncIterator[str]:
+        """The output text piece by piece.  Raises ClairvoyantError if the worker fails mid-way."""
+        msg, self._pending = self._pending, None
+        while msg is not None:
+            self._absorb(msg)
+            if msg.text:
+                yield msg.text
+            if self.finish_reason is not None:
+                return
+            msg = await self._read()
+        self._error = Unavailable(f"worker {self.worker_id} ended the stream without a finish_reason")
+        raise self._error
+
+    def result(self, text: str) -> CompletionResult:
+        assert self.finish_reason is not None, "result() is for a generation that finished"
+        return CompletionResult(
+            self.request.request_id, self.request.model, self.created, text, self.finish_reason, self.usage,
+            self.annotations,
+        )
+
+    async def _read(self) -> worker_pb2.GenerateResponse | None:
+        try:
+            msg = await self._call.read()
+        except grpc.aio.AioRpcError as err:
+            self._error = rpc_error(err, f"worker {self.worker_id}")
+            raise self._error from None
+        return None if msg is grpc.aio.EOF else msg
+
+    def _absorb(self, msg: worker_pb2.GenerateResponse) -> None:
+        if msg.HasField("prompt_tokens"):
+            self._prompt_tokens = msg.prompt_tokens
+        if (msg.text or msg.token_ids) and not self._first_token_time:
+            self._first_token_time = self._pipeline.now()
+            metrics.TTFT.labels(self.request.endpoint).observe(self._first_token_time - self.request.arrival_time)
+            self._attempt_span.add_event("first_token")
+        self._tokens_seen += len(msg.token_ids)
+        if msg.HasField("usage"):
+            self.usage = TokenUsage.from_proto(msg.usage)
+        else:
+            self.usage = TokenUsage(self._prompt_tokens, self._tokens_seen, self.usage.cached_tokens)
+        if msg.HasField("finish_reason"):
+            self.finish_reason = msg.finish_reason or "stop"
+
+    def _outcome(self) -> Outcome:
+        if self._error is None and self.finish_reason is not None:
+            status, reason, code = STATUS_OK, self.finish_reason, ""
+        elif self._error is not None:
+            status, reason, code = STATUS_ERROR, "error", self._error.code
+        else:
+            status, reason, code = STATUS_CANCELLED, "abort", "client_disconnected"
+        return Outcome(
+            status=status,
+            worker_id=self.worker_id,
+            usage=self.usage,
+            scheduled_time=self._scheduled_time,
+            first_token_time=self._first_token_time,
+            end_time=self._pipeline.now(),
+            finish_reason=reason,
+            error_code=code,
+        )
+
+    async def close(self) -> None:
+        if self._closing is None:
+            finished = self.finish_reason is not None and self._error is None
+            if not finished:
+                self._call.cancel()  # now, not in the task below: the worker frees the KV at once
+            self._closing = self._pipeline.spawn(self._finish(finished))
+        await asyncio.shield(self._closing)
+
+    async def _finish(self, finished: bool) -> None:
+        outcome = self._outcome()
+        try:
+            if finished:
+                # Let the worker end the call itself; cancelling a finished sequence only adds noise.
+                with contextlib.suppress(asyncio.TimeoutError, grpc.aio.AioRpcError):
+                    await asyncio.wait_for(self._call.code(), timeout=1.0)
+                self._call.cancel()
+            await self._pipeline.scheduler.complete(self.request.request_id, self.worker_id, outcome.status)
+            if self._recorded:
+                await self._pipeline.publish(self.request, outcome)
+                if outcome.status == STATUS_OK:
+                    metrics.E2E_LATENCY.labels(self.request.endpoint).observe(
+                        outcome.end_time - self.request.arrival_time
+                    )
+            metrics.OUTPUT_TOKENS.labels(self.request.model).inc(outcome.usage.completion_tokens)
+        except Exception:  # a bug here must not leak the in-flight count or the span
+            logger.exception("finishing request %s failed", self.request.request_id)
+        finally:
+            spans = [self._attempt_span, self._request_span] if self._final else [self._attempt_span]
+            for span in spans:
+                span.set_attribute("cv.status", common_pb2.RequestStatus.Name(outcome.status))  # type: ignore[arg-type]
+                span.set_attribute("cv.output_tokens", outcome.usage.completion_tokens)
+                if self._error is not None:
+                    span.set_status(trace.Status(trace.StatusCode.ERROR, self._error.message))
+                span.end()
+            if self._final:
+                metrics.IN_FLIGHT.dec()

@@ -1,0 +1,130 @@
+"""The Gateway gRPC service: the same validation and pipeline as POST /v1/chat/completions.
+
+The request is turned into the JSON shape of the HTTP body and validated by the same pydantic
+model, so both edges accept and refuse exactly the same things.  The API key travels in the
+metadata ``authorization: Bearer <key>``; errors end the call with the code of the error
+hierarchy and its ErrorDetail in the ``cv-error-bin`` trailer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import grpc
+from clairvoyant.contracts.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from clairvoyant.core.errors import ClairvoyantError
+from clairvoyant.core.grpcutil import CHANNEL_OPTIONS, abort, add_health
+from clairvoyant.core.telemetry import extract_context
+from clairvoyant.gateway.metrics import REQUESTS
+from clairvoyant.gateway.openai_api import ChatCompletionBody, to_request, validate_body
+from clairvoyant.gateway.request import GenerationRequest
+from clairvoyant.gateway.runtime import Gateway
+from google.protobuf.json_format import MessageToDict
+from grpc_health.v1 import health
+
+SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
+
+
+def body_of(request: gateway_pb2.ChatCompletionRequest, stream: bool) -> dict[str, Any]:
+    """The HTTP body this gRPC request stands for (unset optional fields left out)."""
+    messages = []
+    for m in request.messages:
+        message: dict[str, Any] = {"role": m.role, "content": m.content}
+        if m.HasField("name"):
+            message["name"] = m.name
+        messages.append(message)
+    body: dict[str, Any] = {"model": request.model, "messages": messages, "stream": stream}
+    sampling = request.sampling
+    for name in ("max_tokens", "temperature", "top_p", "seed"):
+        if sampling.HasField(name):
+            body[name] = getattr(sampling, name)
+    if sampling.stop:
+        body["stop"] = list(sampling.stop)
+    body["ignore_eos"] = sampling.ignore_eos
+    body["min_tokens"] = sampling.min_tokens
+    if request.HasField("app_metadata"):
+        body["app_metadata"] = MessageToDict(request.app_metadata, preserving_proto_field_name=True)
+    body["echo_annotations"] = request.echo_annotations
+    return body
+
+
+class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
+    def __init__(self, deps: Gateway) -> None:
+        self.deps = deps
+
+    async def _admit(
+        self, request: gateway_pb2.ChatCompletionRequest, context: grpc.aio.ServicerContext, stream: bool
+    ) -> GenerationRequest:
+        arrival = self.deps.pipeline.now()
+        metadata = dict(context.invocation_metadata() or ())
+        authorization = metadata.get("authorization")
+        tenant = await self.deps.auth.authenticate(authorization if isinstance(authorization, str) else None)
+        body = validate_body(body_of(request, stream), ChatCompletionBody)
+        return to_request(
+            body, tenant=tenant, endpoint="grpc", request_id=uuid.uuid4().hex, arrival_time=arrival,
+            max_tokens_limit=self.deps.settings.max_tokens_limit,
+        )
+
+    async def ChatCompletion(  # noqa: N802 - gRPC method name
+        self, request: gateway_pb2.ChatCompletionRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.ChatCompletionResponse:
+        try:
+            req = await self._admit(request, context, stream=False)
+            result = await self.deps.pipeline.complete(req, extract_context(context.invocation_metadata()))
+        except ClairvoyantError as err:
+            REQUESTS.labels("grpc", err.grpc_code.name).inc()
+            await abort(context, err)
+        except asyncio.CancelledError:
+            REQUESTS.labels("grpc", "CANCELLED").inc()
+            raise
+        REQUESTS.labels("grpc", "OK").inc()
+        reply = gateway_pb2.ChatCompletionResponse(
+            id=f"chatcmpl-{result.request_id}", model=result.model, created=result.created, content=result.text,
+            finish_reason=result.finish_reason, usage=result.usage.to_proto(),
+        )
+        if req.echo_annotations:
+            reply.annotations.CopyFrom(result.annotations or common_pb2.SysAnnotations())
+        return reply
+
+    async def ChatCompletionStream(  # noqa: N802 - gRPC method name
+        self, request: gateway_pb2.ChatCompletionRequest, context: grpc.aio.ServicerContext
+    ) -> None:
+        try:
+            req = await self._admit(request, context, stream=True)
+            generation = await self.deps.pipeline.start(req, extract_context(context.invocation_metadata()))
+        except ClairvoyantError as err:
+            REQUESTS.labels("grpc", err.grpc_code.name).inc()
+            await abort(context, err)
+        status = "CANCELLED"  # unless the loop below gets to the end or fails
+        chunk_id = f"chatcmpl-{req.request_id}"
+        try:
+            async for text in generation.deltas():
+                await context.write(
+                    gateway_pb2.ChatCompletionChunk(id=chunk_id, model=req.model, created=generation.created, delta=text)
+                )
+            last = gateway_pb2.ChatCompletionChunk(
+                id=chunk_id, model=req.model, created=generation.created, finish_reason=generation.finish_reason or "stop"
+            )
+            if request.include_usage:
+                last.usage.CopyFrom(generation.usage.to_proto())
+            await context.write(last)
+            status = "OK"
+        except ClairvoyantError as err:
+            status = err.grpc_code.name
+            await abort(context, err)
+        finally:
+            REQUESTS.labels("grpc", status).inc()
+            await generation.close()
+
+
+def create_grpc_server(deps: Gateway) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
+    """The gRPC server with the Gateway and grpc.health.v1 services (not started, no port yet)."""
+    # A request larger than max_request_bytes is refused by gRPC itself (RESOURCE_EXHAUSTED).
+    options = [o for o in CHANNEL_OPTIONS if o[0] != "grpc.max_receive_message_length"]
+    options.append(("grpc.max_receive_message_length", deps.settings.max_request_bytes))
+    server = grpc.aio.server(options=options)
+    gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayServicer(deps), server)
+    health_servicer = add_health(server, [SERVICE_NAME])
+    return server, health_servicer

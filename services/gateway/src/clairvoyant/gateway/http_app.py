@@ -1,0 +1,179 @@
+"""The OpenAI-compatible HTTP edge (FastAPI): parse, authenticate, validate, then the pipeline.
+
+Every failure leaves as an OpenAI error object; a client mistake is always a 4xx, never a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import uuid
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from clairvoyant.core.errors import ClairvoyantError, InvalidRequest, PayloadTooLarge
+from clairvoyant.core.telemetry import extract_context
+from clairvoyant.gateway.config import GatewaySettings
+from clairvoyant.gateway.metrics import RequestCounter
+from clairvoyant.gateway.openai_api import (
+    ChatCompletionBody,
+    CompletionBody,
+    format_param,
+    to_request,
+    validate_body,
+)
+from clairvoyant.gateway.request import Endpoint
+from clairvoyant.gateway.responses import ModelCard, ModelList, chat_completion, text_completion
+from clairvoyant.gateway.runtime import Gateway
+from clairvoyant.gateway.sse import chat_events, text_events
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.background import BackgroundTask
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+CLIENT_CLOSED = 499  # nginx's status for "the client went away first"; only our metrics see it
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def error_response(err: ClairvoyantError) -> JSONResponse:
+    headers = {}
+    if err.retry_after_s is not None or err.http_status == 429:
+        headers["Retry-After"] = str(max(1, math.ceil(err.retry_after_s or 1)))
+    if err.http_status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse(err.to_openai(), status_code=err.http_status, headers=headers)
+
+
+async def read_json(request: Request, limit: int) -> object:
+    """The decoded JSON body; 400 for a wrong content type or bad JSON, 413 past ``limit`` bytes."""
+    media = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    if media != "application/json":
+        raise InvalidRequest(f"Content-Type must be application/json, not {media!r}", code="invalid_content_type")
+    too_large = PayloadTooLarge(f"the request body exceeds {limit} bytes")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    body = bytearray()
+    async for piece in request.stream():  # counted as it arrives: Content-Length may be absent or wrong
+        body += piece
+        if len(body) > limit:
+            raise too_large
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"the body is not valid JSON: {exc}", code="invalid_json") from None
+
+
+async def until_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T | None:
+    """Run ``work`` unless the client hangs up first (then cancel it and return None).
+
+    Starlette only notices a disconnect while streaming; a long non-streamed generation would
+    otherwise keep its worker busy for a client that has gone.
+    """
+
+    async def hung_up() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(hung_up())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    return None if task.cancelled() else task.result()
+
+
+def create_app(settings: GatewaySettings, deps: Gateway) -> FastAPI:
+    app = FastAPI(title="Clairvoyant gateway", summary="OpenAI-compatible API for agent workflows")
+    app.add_middleware(RequestCounter)
+
+    @app.exception_handler(ClairvoyantError)
+    async def on_error(request: Request, err: ClairvoyantError) -> Response:
+        return error_response(err)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation(request: Request, exc: RequestValidationError) -> Response:
+        error = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        loc = tuple(error.get("loc", ()))
+        param = format_param(loc[1:] if loc and loc[0] in ("body", "query", "path", "header") else loc)
+        return error_response(InvalidRequest(f"invalid {param}: {error.get('msg')}", param=param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http(request: Request, exc: StarletteHTTPException) -> Response:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        body = {"error": {"message": str(exc.detail), "type": kind, "param": None, "code": None}}
+        return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def on_bug(request: Request, exc: Exception) -> Response:
+        logger.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(ClairvoyantError("internal error; see the gateway log"))
+
+    async def generate(request: Request, endpoint: Endpoint) -> Response:
+        arrival = deps.pipeline.now()
+        tenant = await deps.auth.authenticate(request.headers.get("authorization"))
+        raw = await read_json(request, settings.max_request_bytes)
+        chat = endpoint == "chat.completions"
+        body = validate_body(raw, ChatCompletionBody if chat else CompletionBody)
+        req = to_request(
+            body, tenant=tenant, endpoint=endpoint, request_id=uuid.uuid4().hex, arrival_time=arrival,
+            max_tokens_limit=settings.max_tokens_limit,
+        )
+        parent = extract_context(request.headers.items())  # a client's W3C traceparent, if it sent one
+        headers = {"X-Request-Id": req.request_id}
+        if not req.stream:
+            result = await until_disconnected(request, deps.pipeline.complete(req, parent))
+            if result is None:
+                return Response(status_code=CLIENT_CLOSED)
+            shape = chat_completion(result, req.echo_annotations) if chat else text_completion(result, req.echo_annotations)
+            return Response(shape.model_dump_json(), media_type="application/json", headers=headers)
+        generation = await deps.pipeline.start(req, parent)
+        events = (chat_events if chat else text_events)(generation, body.include_usage())
+        # The background close also covers a client gone before the body iterator ever started.
+        return StreamingResponse(
+            events, media_type="text/event-stream", headers={**headers, **SSE_HEADERS},
+            background=BackgroundTask(generation.close),
+        )
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await generate(request, "chat.completions")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await generate(request, "completions")
+
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> Response:
+        await deps.auth.authenticate(request.headers.get("authorization"))
+        models = await deps.models.models()
+        cards = [ModelCard(id=m.name, created=deps.started_at, max_model_len=m.max_model_len or None) for m in models.values()]
+        return Response(ModelList(data=cards).model_dump_json(), media_type="application/json")
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> Response:
+        ready, reason = await deps.readiness()
+        body = {"status": "ready" if ready else "unavailable", "reason": reason}
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,56 @@
+"""Prometheus metrics of the gateway (``cv_gateway_*``) and the ASGI middleware that counts requests."""
+
+from __future__ import annotations
+
+from clairvoyant.core.metrics import LATENCY_BUCKETS
+from prometheus_client import Counter, Gauge, Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+REQUESTS = Counter(
+    "cv_gateway_requests_total", "Requests answered, by endpoint and status (HTTP code or gRPC code)", ["endpoint", "status"]
+)
+TTFT = Histogram(
+    "cv_gateway_ttft_seconds", "From arrival to the first output token", ["endpoint"], buckets=LATENCY_BUCKETS
+)
+E2E_LATENCY = Histogram(
+    "cv_gateway_e2e_latency_seconds", "From arrival to the end of a completed request", ["endpoint"], buckets=LATENCY_BUCKETS
+)
+IN_FLIGHT = Gauge("cv_gateway_in_flight_requests", "Requests admitted to the pipeline and not yet finished")
+OUTPUT_TOKENS = Counter("cv_gateway_output_tokens_total", "Output tokens streamed to clients", ["model"])
+RECORDS = Counter(
+    "cv_gateway_completion_records_total", "CompletionRecords, by status and whether JetStream acked at once",
+    ["status", "delivery"],
+)
+RETRIES = Counter("cv_gateway_worker_retries_total", "Requests re-placed after a worker was unavailable")
+
+# The request paths worth a label; everything else (health, metrics, 404s) is "other".
+HTTP_ENDPOINTS = {
+    "/v1/chat/completions": "chat.completions",
+    "/v1/completions": "completions",
+    "/v1/models": "models",
+}
+
+
+class RequestCounter:
+    """Counts every HTTP answer by endpoint and status code, streaming ones included."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        endpoint = HTTP_ENDPOINTS.get(scope["path"].rstrip("/"), "other")
+        status = "500"  # stays so when the app fails before starting a response
+
+        async def send_counted(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = str(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_counted)
+        finally:
+            REQUESTS.labels(endpoint, status).inc()

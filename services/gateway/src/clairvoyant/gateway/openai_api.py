@@ -1,0 +1,192 @@
+"""The OpenAI request bodies, validated strictly, and their conversion to a ``GenerationRequest``.
+
+Unknown fields are ignored, as OpenAI does; a known field of the wrong type or out of range is a
+400 naming the parameter.  ``app_metadata`` may sit at the top level (the OpenAI SDK merges
+``extra_body`` there) or, for clients that nest it literally, under ``extra_body``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeVar
+
+from clairvoyant.core.app_metadata import parse_app_metadata
+from clairvoyant.core.errors import InvalidRequest
+from clairvoyant.gateway.request import ChatTurn, Endpoint, GenerationRequest, Sampling
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+MAX_STOP = 4
+
+
+class _Strict(BaseModel):
+    # strict: "0.5" is not a number and 1 is not true; extra="ignore": OpenAI fields we do not use pass.
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool | None = None
+
+
+class ChatMessageIn(_Strict):
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: Any = None
+    name: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _text(cls, value: Any) -> str:
+        """A string, or a list of ``{"type": "text", "text": ...}`` parts (joined), or null (assistant)."""
+        if value is None or isinstance(value, str):
+            return value or ""
+        if not isinstance(value, list):
+            raise ValueError("must be a string or a list of text parts")
+        texts = []
+        for i, part in enumerate(value):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text" or not isinstance(part.get("text"), str):
+                raise ValueError(f"part {i} must be {{'type': 'text', 'text': <string>}}; only text is supported, got {kind!r}")
+            texts.append(part["text"])
+        return "".join(texts)
+
+
+class _GenerationBody(_Strict):
+    """Fields shared by /v1/chat/completions and /v1/completions."""
+
+    model: str = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    stop: Any = None  # a string or a list of up to four (checked below, for a clean error location)
+    seed: int | None = None
+    n: int | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool | None = None
+    min_tokens: int | None = Field(None, ge=0)
+    user: str | None = None  # accepted and ignored: the tenant comes from the API key
+    app_metadata: Any = None  # validated by core.app_metadata.parse_app_metadata
+    echo_annotations: bool | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, value: Any) -> tuple[str, ...]:
+        stops = [value] if isinstance(value, str) else value if value is not None else []
+        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+            raise ValueError("must be a non-empty string or a list of them")
+        if len(stops) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop sequences are allowed")
+        return tuple(stops)
+
+    @field_validator("n")
+    @classmethod
+    def _n(cls, value: int | None) -> int | None:
+        if value not in (None, 1):
+            raise ValueError("only n=1 is supported")
+        return value
+
+    def requested_max_tokens(self) -> tuple[int | None, str]:
+        return self.max_tokens, "max_tokens"
+
+    def sampling(self, max_tokens_limit: int) -> Sampling:
+        max_tokens, param = self.requested_max_tokens()
+        if max_tokens is not None and max_tokens > max_tokens_limit:
+            raise InvalidRequest(f"{param} must be at most {max_tokens_limit}", param=param, code="invalid_value")
+        min_tokens = self.min_tokens or 0
+        if max_tokens is not None and min_tokens > max_tokens:
+            raise InvalidRequest(f"min_tokens must not exceed {param}", param="min_tokens", code="invalid_value")
+        return Sampling(max_tokens, self.temperature, self.top_p, self.seed, tuple(self.stop or ()), bool(self.ignore_eos), min_tokens)
+
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionBody(_GenerationBody):
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+    def requested_max_tokens(self) -> tuple[int | None, str]:
+        # The newer name wins: the OpenAI SDK sends it, older clients send max_tokens.
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens, "max_completion_tokens"
+        return self.max_tokens, "max_tokens"
+
+    def turns(self) -> tuple[ChatTurn, ...]:
+        # Chat templates know "system"; "developer" is OpenAI's newer name for it.
+        return tuple(
+            ChatTurn("system" if m.role == "developer" else m.role, m.content or "", m.name) for m in self.messages
+        )
+
+
+class CompletionBody(_GenerationBody):
+    prompt: Any = Field()  # required; a string or a list of exactly one string
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, value: Any) -> str:
+        if isinstance(value, list) and len(value) == 1:
+            value = value[0]
+        if not isinstance(value, str):
+            raise ValueError("must be a string or a list of exactly one string")
+        return value
+
+
+Body = TypeVar("Body", bound=_GenerationBody)
+
+
+def validate_body(raw: object, model: type[Body]) -> Body:
+    """Validate a decoded JSON body.  Raises InvalidRequest naming the first offending parameter."""
+    if not isinstance(raw, dict):
+        raise InvalidRequest("the request body must be a JSON object", code="invalid_body")
+    nested = raw.get("extra_body")
+    if nested is not None:
+        if not isinstance(nested, dict):
+            raise InvalidRequest("extra_body must be an object", param="extra_body", code="invalid_type")
+        # Fields nested literally under extra_body count as top-level ones; the top level wins.
+        raw = {**raw, **{k: v for k, v in nested.items() if raw.get(k) is None}}
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise invalid_request(exc) from None
+
+
+def invalid_request(exc: ValidationError) -> InvalidRequest:
+    error = exc.errors(include_url=False)[0]
+    param = format_param(error["loc"])
+    message = str(error["msg"]).removeprefix("Value error, ")
+    kind = str(error["type"])
+    if kind == "missing":
+        return InvalidRequest(f"{param} is required", param=param, code="missing_required_parameter")
+    code = "invalid_type" if kind.endswith("_type") or kind == "model_type" else "invalid_value"
+    return InvalidRequest(f"invalid {param}: {message}", param=param, code=code)
+
+
+def format_param(loc: tuple[int | str, ...]) -> str:
+    """("messages", 0, "role") -> "messages[0].role", as OpenAI names parameters."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "body"
+
+
+def to_request(
+    body: ChatCompletionBody | CompletionBody,
+    *,
+    tenant: str,
+    endpoint: Endpoint,
+    request_id: str,
+    arrival_time: float,
+    max_tokens_limit: int,
+) -> GenerationRequest:
+    meta = parse_app_metadata(body.app_metadata) if body.app_metadata is not None else None
+    return GenerationRequest(
+        request_id=request_id,
+        tenant=tenant,
+        endpoint=endpoint,
+        model=body.model,
+        sampling=body.sampling(max_tokens_limit),
+        arrival_time=arrival_time,
+        chat=body.turns() if isinstance(body, ChatCompletionBody) else None,
+        prompt=body.prompt if isinstance(body, CompletionBody) else None,
+        app_metadata=meta,
+        stream=bool(body.stream),
+        echo_annotations=bool(body.echo_annotations),
+    )

@@ -1,0 +1,222 @@
+"""The request path shared by the HTTP and gRPC edges.
+
+    resolve model -> annotate (optional profiler) -> Scheduler.Schedule (waits in the global queue)
+      -> Worker.Generate (first message in) -> stream deltas -> Scheduler.Complete + CompletionRecord
+
+``start`` either raises a ``ClairvoyantError`` -- the request was refused, no state changed and
+nothing is published -- or returns a ``Generation`` that the edge streams from and closes.  A
+worker that is UNAVAILABLE before its first message gets the request re-placed once, elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import replace
+from typing import Any, Protocol
+
+from clairvoyant.contracts.v1 import common_pb2, scheduler_pb2, worker_pb2
+from clairvoyant.core.bus import COMPLETIONS_SUBJECT
+from clairvoyant.core.errors import ClairvoyantError, ContextLengthExceeded, Unavailable
+from clairvoyant.core.telemetry import tracer
+from clairvoyant.gateway import metrics
+from clairvoyant.gateway.clients import Annotator, NoAnnotator, SchedulerClient, WorkerPool
+from clairvoyant.gateway.generation import Generation
+from clairvoyant.gateway.models import ModelCatalog, ModelInfo
+from clairvoyant.gateway.records import STATUS_CANCELLED, Outcome, build_record
+from clairvoyant.gateway.request import CompletionResult, GenerationRequest
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+logger = logging.getLogger(__name__)
+_tracer = tracer(__name__)
+
+
+class RecordSink(Protocol):
+    """Where CompletionRecords go (core.bus.EventBus); True when acknowledged at once."""
+
+    async def publish_durable(self, subject: str, data: bytes) -> bool: ...
+
+
+class Pipeline:
+    def __init__(
+        self,
+        scheduler: SchedulerClient,
+        workers: WorkerPool,
+        models: ModelCatalog,
+        records: RecordSink,
+        annotator: Annotator | None = None,
+        default_max_tokens: int = 256,
+        now: Callable[[], float] = time.time,
+    ) -> None:
+        self.scheduler = scheduler
+        self.workers = workers
+        self.models = models
+        self.records = records
+        self.annotator = annotator or NoAnnotator()
+        self.default_max_tokens = default_max_tokens
+        self.now = now  # wall clock: CompletionRecord timings are seconds since the epoch
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self, request: GenerationRequest, parent: otel_context.Context | None = None) -> Generation:
+        metrics.IN_FLIGHT.inc()
+        span = _tracer.start_span("gateway.request", context=parent, attributes=_span_attributes(request))
+        generation: Generation | None = None
+        try:
+            with trace.use_span(span, end_on_exit=False):
+                generation = await self._place_and_open(request, span)
+            return generation
+        except BaseException as exc:
+            if generation is None:  # nobody else will end the request
+                metrics.IN_FLIGHT.dec()
+                if isinstance(exc, ClairvoyantError):
+                    span.set_attribute("cv.error_code", exc.code)
+                    span.set_status(trace.Status(trace.StatusCode.ERROR, exc.message))
+                span.end()
+            raise
+
+    async def complete(self, request: GenerationRequest, parent: otel_context.Context | None = None) -> CompletionResult:
+        """The whole answer at once (non-streaming requests)."""
+        generation = await self.start(request, parent)
+        try:
+            text = "".join([delta async for delta in generation.deltas()])
+        finally:
+            await generation.close()
+        return generation.result(text)
+
+    async def _place_and_open(self, request: GenerationRequest, request_span: trace.Span) -> Generation:
+        model = await self.models.resolve(request.model)
+        estimate = request.estimated_prompt_tokens()
+        request = replace(request, sampling=replace(request.sampling, max_tokens=self._max_tokens(request, model, estimate)))
+        annotations = await self.annotator.annotate(request, estimate)
+        excluded: list[str] = []
+        while True:
+            placement = await self._schedule(request, annotations, estimate, excluded)
+            scheduled_time = self.now()
+            attempt_span = _tracer.start_span("gateway.generate", attributes={"cv.worker_id": placement.worker_id})
+            with trace.use_span(attempt_span, end_on_exit=False):  # the worker's span joins this trace
+                call = self.workers.generate(placement.worker_address, self._generate_request(request, placement, annotations))
+            generation = Generation(
+                self, request, placement, call, annotations, scheduled_time, request_span, attempt_span
+            )
+            try:
+                await generation.open()
+            except Unavailable:
+                await self.workers.forget(placement.worker_address)
+                if excluded:  # the second worker failed too: an accepted request the system failed
+                    await generation.close()
+                    raise
+                logger.warning("worker %s unavailable for %s; re-placing", placement.worker_id, request.request_id)
+                generation.discard(retrying=True)
+                await generation.close()
+                excluded.append(placement.worker_id)
+                metrics.RETRIES.inc()
+                continue
+            except ClairvoyantError as err:
+                if err.http_status < 500:  # the worker refused the input (e.g. context length)
+                    generation.discard()
+                await generation.close()
+                raise
+            except BaseException:  # cancelled during prefill: a CANCELLED record
+                await generation.close()
+                raise
+            return generation
+
+    def _max_tokens(self, request: GenerationRequest, model: ModelInfo, prompt_estimate: int) -> int:
+        asked = request.sampling.max_tokens
+        if asked is None:  # the default must not push a short model past its context window
+            room = model.max_model_len - prompt_estimate if model.max_model_len else self.default_max_tokens
+            return max(1, min(self.default_max_tokens, room))
+        if model.max_model_len and asked >= model.max_model_len:
+            raise ContextLengthExceeded(
+                f"max_tokens ({asked}) leaves no room for the prompt in this model's context window of "
+                f"{model.max_model_len} tokens",
+                param="max_tokens",
+            )
+        return asked
+
+    async def _schedule(
+        self,
+        request: GenerationRequest,
+        annotations: common_pb2.SysAnnotations | None,
+        prompt_tokens: int,
+        excluded: list[str],
+    ) -> scheduler_pb2.Placement:
+        msg = scheduler_pb2.ScheduleRequest(
+            request_id=request.request_id,
+            tenant=request.tenant,
+            model=request.model,
+            prompt_tokens=prompt_tokens,
+            max_tokens=request.sampling.max_tokens or 0,
+            exclude_workers=excluded,
+        )
+        if request.app_metadata is not None:
+            msg.app_metadata.CopyFrom(request.app_metadata.to_proto())
+        if annotations is not None:
+            msg.annotations.CopyFrom(annotations)
+        with _tracer.start_as_current_span("gateway.schedule") as span:
+            try:
+                placement = await self.scheduler.schedule(msg)
+            except (Unavailable, asyncio.CancelledError):
+                # Timed out, cut off or cancelled: the scheduler may have placed it all the same.
+                self.spawn(self.scheduler.complete(request.request_id, "", STATUS_CANCELLED))
+                raise
+            span.set_attribute("cv.worker_id", placement.worker_id)
+            span.set_attribute("cv.queue_wait_s", placement.queue_wait_s)
+        return placement
+
+    @staticmethod
+    def _generate_request(
+        request: GenerationRequest, placement: scheduler_pb2.Placement, annotations: common_pb2.SysAnnotations | None
+    ) -> worker_pb2.GenerateRequest:
+        msg = worker_pb2.GenerateRequest(
+            request_id=request.request_id,
+            model=request.model,
+            sampling=request.sampling.to_proto(),
+            tenant=request.tenant,
+            base_priority=placement.base_priority,
+        )
+        if request.chat is not None:
+            turns = [common_pb2.ChatMessage(role=t.role, content=t.content, name=t.name) for t in request.chat]
+            msg.chat.CopyFrom(worker_pb2.ChatMessages(messages=turns))
+        else:
+            msg.prompt = request.prompt or ""
+        if request.app_metadata is not None:
+            msg.app_metadata.CopyFrom(request.app_metadata.to_proto())
+        if annotations is not None:
+            msg.annotations.CopyFrom(annotations)
+        return msg
+
+    async def publish(self, request: GenerationRequest, outcome: Outcome) -> None:
+        record = build_record(request, outcome)
+        acked = await self.records.publish_durable(COMPLETIONS_SUBJECT, record.SerializeToString())
+        status = common_pb2.RequestStatus.Name(outcome.status)  # type: ignore[arg-type]
+        metrics.RECORDS.labels(status, "acked" if acked else "outbox").inc()
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run ``coro`` beyond the caller's cancellation; ``aclose`` waits for it."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def aclose(self, timeout_s: float = 5.0) -> None:
+        """Wait for pending releases and records (at shutdown)."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout_s)
+
+
+def _span_attributes(request: GenerationRequest) -> dict[str, str | bool]:
+    attributes: dict[str, str | bool] = {
+        "cv.request_id": request.request_id,
+        "cv.tenant": request.tenant,
+        "cv.model": request.model,
+        "cv.endpoint": request.endpoint,
+        "cv.stream": request.stream,
+    }
+    if request.app_metadata is not None:
+        attributes["cv.workflow_id"] = request.app_metadata.workflow_id
+        attributes["cv.agent_id"] = request.app_metadata.agent_id
+    return attributes

@@ -1,0 +1,52 @@
+"""The CompletionRecord the gateway publishes once per accepted request (the profiler's input)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from clairvoyant.contracts.v1 import common_pb2
+from clairvoyant.gateway.request import GenerationRequest, TokenUsage
+
+STATUS_OK = common_pb2.REQUEST_STATUS_OK
+STATUS_CANCELLED = common_pb2.REQUEST_STATUS_CANCELLED
+STATUS_ERROR = common_pb2.REQUEST_STATUS_ERROR
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an accepted request ended, as the pipeline saw it."""
+
+    status: int  # STATUS_OK | STATUS_CANCELLED | STATUS_ERROR
+    worker_id: str
+    usage: TokenUsage
+    scheduled_time: float  # wall clock, seconds since the epoch
+    first_token_time: float  # 0 when no token arrived
+    end_time: float
+    finish_reason: str  # stop | length | abort | error
+    error_code: str = ""
+
+
+def build_record(request: GenerationRequest, outcome: Outcome) -> common_pb2.CompletionRecord:
+    record = common_pb2.CompletionRecord(
+        request_id=request.request_id,
+        tenant=request.tenant,
+        model=request.model,
+        worker_id=outcome.worker_id,
+        prompt_tokens=outcome.usage.prompt_tokens,
+        cached_tokens=outcome.usage.cached_tokens,
+        output_tokens=outcome.usage.completion_tokens,
+        timing=common_pb2.Timing(
+            arrival_time=request.arrival_time,
+            scheduled_time=outcome.scheduled_time,
+            first_token_time=outcome.first_token_time,
+            end_time=outcome.end_time,
+        ),
+        finish_reason=outcome.finish_reason,
+        status=outcome.status,  # type: ignore[arg-type]
+        error_code=outcome.error_code,
+        endpoint=request.endpoint,
+        stream=request.stream,
+    )
+    if request.app_metadata is not None:
+        record.app_metadata.CopyFrom(request.app_metadata.to_proto())
+    return record

@@ -1,0 +1,66 @@
+"""The parts of a running gateway that the HTTP and gRPC edges share, built from the settings."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from clairvoyant.core.errors import ClairvoyantError
+from clairvoyant.gateway.auth import Authenticator
+from clairvoyant.gateway.clients import NoAnnotator, ProfilerAnnotator, SchedulerClient, WorkerPool
+from clairvoyant.gateway.config import GatewaySettings
+from clairvoyant.gateway.keys import KeyStore
+from clairvoyant.gateway.models import ModelCatalog
+from clairvoyant.gateway.pipeline import Pipeline, RecordSink
+
+logger = logging.getLogger(__name__)
+
+
+class Gateway:
+    """Owns the clients, key store and pipeline.  ``start`` before serving, ``aclose`` after."""
+
+    def __init__(self, settings: GatewaySettings, records: RecordSink, now: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.keys = KeyStore(settings.database_url)
+        self.auth = Authenticator(self.keys, settings.require_api_key, settings.key_refresh_s)
+        self.scheduler = SchedulerClient(settings.scheduler_address, settings.schedule_timeout_s)
+        self.workers = WorkerPool()
+        self.models = ModelCatalog(self.scheduler, settings.model_cache_s)
+        self.annotator = (
+            ProfilerAnnotator(settings.profiler_address, settings.profiler_timeout_s)
+            if settings.profiler_address
+            else NoAnnotator()
+        )
+        self.pipeline = Pipeline(
+            self.scheduler,
+            self.workers,
+            self.models,
+            records,
+            self.annotator,
+            default_max_tokens=settings.default_max_tokens,
+            now=now,
+        )
+        self.started_at = int(now())
+
+    async def start(self) -> None:
+        await self.auth.start()
+
+    async def readiness(self) -> tuple[bool, str]:
+        """(ready, why): ready once the scheduler answers and knows at least one worker."""
+        try:
+            models = await self.models.models()
+        except ClairvoyantError as err:
+            return False, err.message
+        if not models:
+            return False, "no worker is registered with the scheduler"
+        return True, f"{sum(m.workers for m in models.values())} worker(s) serving {', '.join(models)}"
+
+    async def aclose(self) -> None:
+        await self.pipeline.aclose()
+        await self.scheduler.close()
+        await self.workers.close()
+        if isinstance(self.annotator, ProfilerAnnotator):
+            await self.annotator.close()
+        await asyncio.to_thread(self.keys.close)

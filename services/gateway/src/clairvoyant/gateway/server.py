@@ -1,0 +1,136 @@
+"""Serving: uvicorn (HTTP) and the grpc.aio server (gRPC) in one asyncio loop, with the event bus.
+
+``GatewayServer`` is what ``python -m clairvoyant.gateway serve`` runs and what the tests start
+in-process; ``serve`` adds logging, tracing, NATS and signal handling around it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Iterator
+
+import grpc
+import uvicorn
+from clairvoyant.core.bus import EventBus
+from clairvoyant.core.grpcutil import mark_serving
+from clairvoyant.core.logs import setup_logging
+from clairvoyant.core.telemetry import setup_tracing
+from clairvoyant.gateway.config import GatewaySettings
+from clairvoyant.gateway.grpc_api import SERVICE_NAME, create_grpc_server
+from clairvoyant.gateway.http_app import create_app
+from clairvoyant.gateway.pipeline import RecordSink
+from clairvoyant.gateway.runtime import Gateway
+
+logger = logging.getLogger(__name__)
+
+
+class _Uvicorn(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # Signals belong to ``serve`` below, which stops gRPC and the bus too; uvicorn's own
+        # handlers would also re-raise the signal once it has stopped.
+        yield
+
+
+class GatewayServer:
+    """Both edges over one ``Gateway``.  Port 0 picks a free port; ``http_port``/``grpc_port``
+    say which after ``start``."""
+
+    def __init__(self, settings: GatewaySettings, records: RecordSink) -> None:
+        self.settings = settings
+        self.gateway = Gateway(settings, records)
+        config = uvicorn.Config(
+            create_app(settings, self.gateway),
+            host=settings.host,
+            port=settings.gateway_port,
+            log_config=None,  # keep the JSON logging set up by the service
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=int(settings.shutdown_grace_s),
+        )
+        self._http = _Uvicorn(config)
+        self._http_task: asyncio.Task[None] | None = None
+        self._grpc, self._health = create_grpc_server(self.gateway)
+        self.http_port = settings.gateway_port
+        self.grpc_port = settings.gateway_grpc_port
+
+    async def start(self) -> None:
+        await self.gateway.start()
+        self.grpc_port = self._grpc.add_insecure_port(f"{self.settings.host}:{self.settings.gateway_grpc_port}")
+        await self._grpc.start()
+        self._http_task = asyncio.create_task(self._http.serve())
+        while not self._http.started:
+            if self._http_task.done():  # e.g. the port is taken: uvicorn logged why
+                await self._grpc.stop(None)
+                raise RuntimeError(f"the HTTP server did not start on {self.settings.host}:{self.settings.gateway_port}")
+            await asyncio.sleep(0.02)
+        self.http_port = self._http.servers[0].sockets[0].getsockname()[1]
+        await mark_serving(self._health, [SERVICE_NAME])
+        host = self.settings.advertised()
+        logger.info("OpenAI-compatible API on http://%s:%d/v1 (metrics on /metrics)", host, self.http_port)
+        logger.info("gRPC Gateway service on %s:%d (grpc.health.v1 too)", host, self.grpc_port)
+
+    def request_stop(self, force: bool = False) -> None:
+        self._http.should_exit = True
+        self._http.force_exit = self._http.force_exit or force
+
+    async def wait(self) -> None:
+        if self._http_task is not None:
+            with contextlib.suppress(SystemExit):
+                await self._http_task
+
+    async def stop(self) -> None:
+        """Refuse new work, let in-flight requests finish (up to shutdown_grace_s), then close."""
+        await mark_serving(self._health, [SERVICE_NAME], serving=False)
+        self.request_stop()
+        await asyncio.gather(self.wait(), self._grpc.stop(self.settings.shutdown_grace_s))
+        await self.gateway.aclose()
+
+
+async def serve(settings: GatewaySettings) -> None:
+    setup_tracing("gateway")
+    bus = EventBus(settings.nats_url, "gateway", connect_timeout_s=settings.nats_connect_timeout_s)
+    await bus.connect()  # a dead NATS degrades: records wait in the bus outbox
+    stream_task = asyncio.create_task(ensure_completions_stream(bus))
+    server = GatewayServer(settings, bus)
+    loop = asyncio.get_running_loop()
+    signals = 0
+
+    def on_signal(signum: int) -> None:
+        nonlocal signals
+        signals += 1
+        logger.info("received %s; shutting down%s", signal.Signals(signum).name, " now" if signals > 1 else "")
+        server.request_stop(force=signals > 1)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        await server.start()
+        await server.wait()
+    finally:
+        stream_task.cancel()
+        await server.stop()
+        await bus.close()
+        logger.info("gateway stopped")
+
+
+async def ensure_completions_stream(bus: EventBus) -> None:
+    """Create the JetStream stream for CompletionRecords as soon as NATS is reachable."""
+    while not bus.connected:
+        await asyncio.sleep(1.0)
+    try:
+        await bus.ensure_stream()
+    except Exception as exc:  # another service may own the stream's config; records still flow
+        logger.warning("could not create or update the completions stream: %s", exc)
+
+
+def run(settings: GatewaySettings) -> None:
+    setup_logging("gateway", settings.log_level, settings.log_json)
+    try:
+        asyncio.run(serve(settings))
+    except (RuntimeError, OSError, grpc.RpcError) as exc:
+        logger.error("gateway failed: %s", exc)
+        raise SystemExit(1) from None

@@ -1,0 +1,102 @@
+"""Server-sent events for streamed completions, in OpenAI's chunk formats.
+
+    data: {chunk}\\n\\n      first (chat: role "assistant"), one per text delta, last with finish_reason
+    data: {usage chunk}    only with stream_options.include_usage: empty choices, the usage
+    data: [DONE]
+
+A failure after the status line has gone out can only travel as an event: ``data: {"error": ...}``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from clairvoyant.core.errors import ClairvoyantError
+from clairvoyant.gateway.generation import Generation
+from clairvoyant.gateway.responses import (
+    ChatChunkChoice,
+    ChatChunkOut,
+    ChatDelta,
+    TextChoice,
+    TextCompletionOut,
+    UsageOut,
+    annotations_dict,
+    chat_id,
+    completion_id,
+)
+from pydantic import BaseModel
+
+DONE = b"data: [DONE]\n\n"
+
+
+def event(payload: BaseModel | dict[str, Any]) -> bytes:
+    """One event: ``data: <json>`` and a blank line."""
+    if isinstance(payload, BaseModel):
+        return b"data: " + payload.model_dump_json().encode() + b"\n\n"
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def chat_events(generation: Generation, include_usage: bool) -> AsyncIterator[bytes]:
+    request = generation.request
+
+    def chunk(delta: ChatDelta, finish_reason: str | None = None, **extra: Any) -> bytes:
+        choice = ChatChunkChoice(delta=delta, finish_reason=finish_reason)
+        return event(
+            ChatChunkOut(
+                id=chat_id(request.request_id), created=generation.created, model=request.model, choices=[choice], **extra
+            )
+        )
+
+    try:
+        yield chunk(ChatDelta(role="assistant", content=""))
+        async for text in generation.deltas():
+            yield chunk(ChatDelta(content=text))
+        echo = {"annotations": annotations_dict(generation.annotations)} if request.echo_annotations else {}
+        yield chunk(ChatDelta(), generation.finish_reason, **echo)
+        if include_usage:
+            yield event(
+                ChatChunkOut(
+                    id=chat_id(request.request_id), created=generation.created, model=request.model, choices=[],
+                    usage=UsageOut.of(generation.usage),
+                )
+            )
+        yield DONE
+    except ClairvoyantError as err:
+        yield event(err.to_openai())
+        yield DONE
+    finally:
+        await generation.close()
+
+
+async def text_events(generation: Generation, include_usage: bool) -> AsyncIterator[bytes]:
+    request = generation.request
+
+    def chunk(text: str, finish_reason: str | None = None, **extra: Any) -> bytes:
+        choice = TextChoice(text=text, finish_reason=finish_reason)
+        return event(
+            TextCompletionOut(
+                id=completion_id(request.request_id), created=generation.created, model=request.model,
+                choices=[choice], **extra,
+            )
+        )
+
+    try:
+        async for text in generation.deltas():
+            yield chunk(text)
+        echo = {"annotations": annotations_dict(generation.annotations)} if request.echo_annotations else {}
+        yield chunk("", generation.finish_reason, **echo)
+        if include_usage:
+            yield event(
+                TextCompletionOut(
+                    id=completion_id(request.request_id), created=generation.created, model=request.model,
+                    choices=[], usage=UsageOut.of(generation.usage),
+                )
+            )
+        yield DONE
+    except ClairvoyantError as err:
+        yield event(err.to_openai())
+        yield DONE
+    finally:
+        await generation.close()

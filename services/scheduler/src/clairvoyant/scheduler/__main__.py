@@ -1,0 +1,67 @@
+"""Start the scheduler: ``python -m clairvoyant.scheduler [--policy NAME] [--port N]``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from pydantic import ValidationError
+
+from clairvoyant.core.logs import setup_logging
+from clairvoyant.core.metrics import serve_metrics
+from clairvoyant.core.telemetry import setup_tracing
+from clairvoyant.scheduler.app import SchedulerApp
+from clairvoyant.scheduler.config import SchedulerSettings
+from clairvoyant.scheduler.core import PRESETS
+
+logger = logging.getLogger("clairvoyant.scheduler")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    presets = ", ".join(f"{name} ({PRESETS.create(name).priority} + {PRESETS.create(name).routing})" for name in PRESETS)
+    parser = argparse.ArgumentParser(
+        prog="python -m clairvoyant.scheduler",
+        description="Clairvoyant scheduler: global queues per model, priority and routing across workers. "
+        "Settings come from CV_* environment variables; these flags override them.",
+    )
+    parser.add_argument("--policy", choices=PRESETS.names(), help=f"scheduler preset: {presets}")
+    parser.add_argument("--port", type=int, help="gRPC port (CV_SCHEDULER_PORT, default 50051)")
+    return parser
+
+
+def load_settings(argv: list[str] | None = None) -> SchedulerSettings:
+    args = build_parser().parse_args(argv)
+    overrides = {k: v for k, v in {"policy": args.policy, "scheduler_port": args.port}.items() if v is not None}
+    return SchedulerSettings(**overrides)  # flags win over CV_* variables, which win over defaults
+
+
+async def serve(settings: SchedulerSettings) -> None:
+    serve_metrics(settings.host, settings.metrics_port)
+    app = SchedulerApp(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await app.start()
+    try:
+        await stop.wait()
+        logger.info("signal received; shutting down")
+    finally:
+        await app.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        settings = load_settings(argv)
+    except ValidationError as err:  # a bad CV_* value: say which, without a traceback
+        sys.exit(f"invalid scheduler settings:\n{err}")
+    setup_logging("scheduler", settings.log_level, settings.log_json)
+    setup_tracing("scheduler")
+    asyncio.run(serve(settings))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Wires the scheduler together: gRPC server + health, NATS subscription, the expiry loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from opentelemetry import trace
+
+from clairvoyant.contracts.v1 import scheduler_pb2, scheduler_pb2_grpc
+from clairvoyant.core.bus import WORKER_STATS_WILDCARD, EventBus
+from clairvoyant.core.clock import Clock, SystemClock
+from clairvoyant.core.grpcutil import add_health, mark_serving, new_server
+from clairvoyant.scheduler.config import SchedulerSettings
+from clairvoyant.scheduler.core import GlobalScheduler
+from clairvoyant.scheduler.service import SchedulerServicer
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
+
+
+class SchedulerApp:
+    """One scheduler process.  ``start`` binds and connects; ``stop`` is graceful and idempotent."""
+
+    def __init__(self, settings: SchedulerSettings, *, clock: Clock | None = None, tracer: trace.Tracer | None = None):
+        self.settings = settings
+        self.core = GlobalScheduler.from_preset(
+            settings.policy,
+            max_queue_per_model=settings.max_queue_per_model,
+            queue_retry_after_s=settings.queue_retry_after_s,
+            heartbeat_timeout_factor=settings.heartbeat_timeout_factor,
+            default_heartbeat_interval_s=settings.default_heartbeat_interval_s,
+        )
+        self.servicer = SchedulerServicer(self.core, clock or SystemClock(), tracer)
+        self.bus = EventBus(settings.nats_url, "scheduler", connect_timeout_s=settings.nats_connect_timeout_s)
+        self.server = new_server()
+        scheduler_pb2_grpc.add_SchedulerServicer_to_server(self.servicer, self.server)
+        self.health = add_health(self.server, [SERVICE_NAME])
+        self.port = 0  # the bound port, known after start (scheduler_port 0 picks a free one)
+        self._expiry_task: asyncio.Task[None] | None = None
+        self._stopped = False
+
+    @property
+    def address(self) -> str:
+        return f"{self.settings.advertised()}:{self.port}"
+
+    async def start(self) -> None:
+        self.port = self.server.add_insecure_port(f"{self.settings.host}:{self.settings.scheduler_port}")
+        await self.server.start()
+        # Subscribing first means the bus (re)subscribes on every successful connect, including a
+        # late one after NATS comes up: a dead NATS degrades the scheduler instead of stopping it.
+        await self.bus.subscribe(WORKER_STATS_WILDCARD, self.servicer.on_worker_stats)
+        await self.bus.connect()
+        self._expiry_task = asyncio.create_task(self._expire_forever(), name="scheduler-expiry")
+        await mark_serving(self.health, [SERVICE_NAME])
+        logger.info("scheduler (policy %s) listening on %s", self.settings.policy, self.address)
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        await mark_serving(self.health, [SERVICE_NAME], serving=False)
+        if self._expiry_task is not None:
+            self._expiry_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._expiry_task
+        self.servicer.close()
+        await self.server.stop(self.settings.shutdown_grace_s)
+        await self.bus.close()
+        logger.info("scheduler stopped")
+
+    async def _expire_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.expiry_interval_s)
+            try:
+                self.servicer.expire()
+            except Exception:  # one bad pass must not end liveness checking for good
+                logger.exception("worker expiry failed")

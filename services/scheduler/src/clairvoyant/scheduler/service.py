@@ -1,0 +1,195 @@
+"""The gRPC Scheduler servicer and the NATS heartbeat handler: a thin adapter over the core.
+
+Everything runs on one event loop, so the core needs no locks.  A Schedule call submits to the
+core and awaits a Future that ``_dispatch`` resolves once the core places the request; dispatch
+runs after every event that can free or add capacity (submit, complete, heartbeat, resume).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+from google.protobuf.message import DecodeError
+from nats.aio.msg import Msg
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
+
+from clairvoyant.contracts.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2
+from clairvoyant.core.clock import Clock
+from clairvoyant.core.errors import ClairvoyantError, InvalidRequest, NoWorkers, QueueFull, Unavailable
+from clairvoyant.core.grpcutil import abort
+from clairvoyant.core.telemetry import extract_context
+from clairvoyant.core.telemetry import tracer as get_tracer
+from clairvoyant.scheduler import convert
+from clairvoyant.scheduler import metrics as m
+from clairvoyant.scheduler.core import Decision, GlobalScheduler
+
+logger = logging.getLogger(__name__)
+
+_STATUS_BY_ERROR: dict[type[ClairvoyantError], str] = {
+    QueueFull: "queue_full",
+    NoWorkers: "no_workers",
+    InvalidRequest: "invalid",
+}
+
+
+class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
+    def __init__(self, core: GlobalScheduler, clock: Clock, tracer: trace.Tracer | None = None) -> None:
+        self.core = core
+        self.clock = clock
+        self._tracer = tracer or get_tracer(__name__)
+        self._waiters: dict[str, asyncio.Future[Decision]] = {}
+        self._gauge_models: set[str] = set()  # models whose gauges we have set, to zero them later
+        self._closing = False
+
+    # ---- RPCs -----------------------------------------------------------------------------------
+
+    async def Schedule(
+        self, request: scheduler_pb2.ScheduleRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.Placement:
+        parent = extract_context(context.invocation_metadata())
+        attributes = {"cv.request_id": request.request_id, "cv.model": request.model, "cv.tenant": request.tenant}
+        error: ClairvoyantError | None = None
+        with self._tracer.start_as_current_span("scheduler.queue_wait", context=parent, attributes=attributes) as span:
+            try:
+                decision = await self._place(request)
+            except ClairvoyantError as err:
+                error = err
+                span.set_status(Status(StatusCode.ERROR, err.message))
+                span.set_attribute("cv.error_code", err.code)
+            else:
+                span.set_attribute("cv.worker_id", decision.worker_id)
+                span.set_attribute("cv.queue_wait_s", decision.queue_wait_s)
+                span.set_attribute("cv.base_priority", decision.base_priority)
+        if error is not None:
+            await abort(context, error)  # outside the span: the abort exception is not a failure of ours
+        return convert.placement(decision)
+
+    async def Complete(
+        self, request: scheduler_pb2.CompleteRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.CompleteResponse:
+        released = self.core.complete(request.request_id, request.worker_id or None)
+        if released:
+            self._dispatch()
+        return scheduler_pb2.CompleteResponse(released=released)
+
+    async def Snapshot(
+        self, request: scheduler_pb2.SnapshotRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.SchedulerSnapshot:
+        return convert.snapshot(self.core.snapshot(self.clock.now()))
+
+    async def Drain(
+        self, request: scheduler_pb2.DrainRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.DrainResponse:
+        found = self.core.drain(request.worker_id, request.drain)
+        if found:
+            logger.info("worker %s %s", request.worker_id, "draining" if request.drain else "resumed")
+            self._dispatch()
+        return scheduler_pb2.DrainResponse(found=found)
+
+    # ---- events ---------------------------------------------------------------------------------
+
+    async def on_worker_stats(self, msg: Msg) -> None:
+        """NATS handler for ``cv.workers.*.stats``; a malformed heartbeat is logged and dropped."""
+        try:
+            stats = worker_pb2.WorkerStats.FromString(msg.data)
+        except DecodeError:
+            logger.warning("undecodable worker stats on %s", msg.subject)
+            return
+        if not stats.worker_id or not stats.model:
+            logger.warning("worker stats without worker_id or model on %s", msg.subject)
+            return
+        if stats.worker_id not in {w.worker_id for w in self.core.workers()}:
+            logger.info("worker %s joined (model %s, %s)", stats.worker_id, stats.model, stats.grpc_address)
+        self.core.update_worker(stats, self.clock.now())
+        self._dispatch()
+
+    def expire(self) -> None:
+        """Drop silent workers; fail the waiters their loss leaves without any worker."""
+        for gone in self.core.expire_workers(self.clock.now()):
+            logger.warning(
+                "worker %s expired: %d placements failed, %d queued requests rejected",
+                gone.worker_id,
+                len(gone.failed_request_ids),
+                len(gone.rejected_request_ids),
+            )
+            m.PLACEMENTS_FAILED.labels(gone.model).inc(len(gone.failed_request_ids))
+            for request_id in gone.rejected_request_ids:
+                waiter = self._waiters.pop(request_id, None)
+                if waiter is not None and not waiter.done():
+                    waiter.set_exception(NoWorkers(f"the last worker serving model {gone.model!r} went away"))
+        self._publish_gauges()
+
+    def close(self) -> None:
+        """Refuse new requests and fail the waiting ones, so shutdown does not wait on them."""
+        self._closing = True
+        for waiter in self._waiters.values():
+            if not waiter.done():
+                waiter.set_exception(Unavailable("the scheduler is shutting down"))
+        self._waiters.clear()
+
+    # ---- internals ------------------------------------------------------------------------------
+
+    async def _place(self, request: scheduler_pb2.ScheduleRequest) -> Decision:
+        now = self.clock.now()
+        try:
+            if self._closing:
+                raise Unavailable("the scheduler is shutting down")
+            self.core.submit(convert.queued_request(request, now), now)
+        except ClairvoyantError as err:
+            known = request.model in {w.model for w in self.core.workers()}
+            label = request.model if known else m.UNKNOWN_MODEL
+            m.REQUESTS.labels(label, _STATUS_BY_ERROR.get(type(err), "failed")).inc()
+            raise
+        waiter: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
+        self._waiters[request.request_id] = waiter
+        self._dispatch()
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            self._abandon(request.request_id, request.model, waiter)
+            raise
+        except ClairvoyantError:
+            m.REQUESTS.labels(request.model, "failed").inc()
+            raise
+
+    def _abandon(self, request_id: str, model: str, waiter: asyncio.Future[Decision]) -> None:
+        """The caller went away (cancelled or deadline): give back whatever it held."""
+        if self._waiters.get(request_id) is waiter:
+            del self._waiters[request_id]
+        m.REQUESTS.labels(model, "cancelled").inc()
+        if self.core.cancel(request_id):
+            logger.info("request %s cancelled while queued", request_id)
+        elif waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+            # Placed in the same loop turn the caller left: nobody will use the placement.
+            self.core.complete(request_id, waiter.result().worker_id)
+            self._dispatch()
+        self._publish_gauges()
+
+    def _dispatch(self) -> None:
+        orphans = True
+        while orphans:  # releasing an orphaned placement frees room for the next request
+            orphans = False
+            for decision in self.core.dispatch(self.clock.now()):
+                waiter = self._waiters.pop(decision.request_id, None)
+                if waiter is None or waiter.done():
+                    self.core.complete(decision.request_id, decision.worker_id)
+                    orphans = True
+                    continue
+                waiter.set_result(decision)
+                model = decision.worker.model
+                m.REQUESTS.labels(model, "placed").inc()
+                m.QUEUE_WAIT.labels(model).observe(decision.queue_wait_s)
+        self._publish_gauges()
+
+    def _publish_gauges(self) -> None:
+        workers: dict[str, int] = {}
+        for worker in self.core.workers():
+            workers[worker.model] = workers.get(worker.model, 0) + 1
+        depths = self.core.queue_depths()
+        for model in self._gauge_models | set(depths) | set(workers):
+            m.QUEUE_DEPTH.labels(model).set(depths.get(model, 0))
+            m.WORKERS.labels(model).set(workers.get(model, 0))
+        self._gauge_models |= set(depths) | set(workers)
