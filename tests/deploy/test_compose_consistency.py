@@ -506,3 +506,12 @@ def test_makefile_has_the_documented_targets() -> None:
     required = {"install", "run", "test", "proto", "lint"}
     assert required <= targets, f"missing targets: {sorted(required - targets)}"
     assert required <= phony, f"not .PHONY: {sorted(required - phony)}"
+
+
+def test_dockerignore_keeps_the_build_context_small() -> None:
+    # The context is the repository root: without these, every build uploads the venv and var/.
+    ignored = {line.strip().rstrip("/") for line in (REPO_ROOT / ".dockerignore").read_text().splitlines()}
+    assert {".venv", ".git", "var"} <= ignored
+    for service in SERVICES:
+        for sources, _ in dockerfile(service).copies():
+            assert not set(sources) & ignored, f"services/{service}/Dockerfile copies an ignored path"

@@ -11,8 +11,14 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from clairvoyant.contracts.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc, worker_pb2, worker_pb2_grpc
-from clairvoyant.core.errors import ClairvoyantError, ContextLengthExceeded
+from clairvoyant.contracts.v1 import (
+    common_pb2,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+    worker_pb2,
+    worker_pb2_grpc,
+)
+from clairvoyant.core.errors import ClairvoyantError, ContextLengthExceeded, Unavailable
 from clairvoyant.core.grpcutil import abort
 
 MODEL = "tiny-test-model"
@@ -82,6 +88,7 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
     tokens: tuple[str, ...] = TOKENS
     delay_s: float = 0.0
     max_prompt_chars: int = 1000
+    fail_after: int | None = None  # abort with UNAVAILABLE after this many tokens (a worker dying)
     calls: list[worker_pb2.GenerateRequest] = field(default_factory=list)
     metadata: list[dict[str, str]] = field(default_factory=list)
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
@@ -100,6 +107,8 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
         out = self.tokens[:limit]
         try:
             for i, piece in enumerate(out):
+                if i == self.fail_after:
+                    await abort(context, Unavailable("worker lost its device"))
                 if self.delay_s:
                     await asyncio.sleep(self.delay_s)
                 reply = worker_pb2.GenerateResponse(request_id=request.request_id, text=piece, token_ids=[100 + i])

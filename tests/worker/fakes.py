@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+
 from clairvoyant.worker.core.engine import EngineConfig, EngineRequest, LLMEngine, RequestOutput
 from clairvoyant.worker.core.sampling import SamplingParams
 from clairvoyant.worker.runners.base import ForwardItem, ModelInfo

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from clairvoyant.worker.core.detokenize import IncrementalDetokenizer
 
+from clairvoyant.worker.core.detokenize import IncrementalDetokenizer
 from tests.worker.fakes import ByteTokenizer
 
 pytestmark = pytest.mark.unit

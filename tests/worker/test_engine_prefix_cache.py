@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from clairvoyant.worker.core.engine import Lineage, LLMEngine
 
+from clairvoyant.worker.core.engine import Lineage, LLMEngine
 from tests.worker.fakes import drain, letters, make_engine, request
 
 pytestmark = pytest.mark.unit

@@ -8,11 +8,11 @@ the tokens it produces alone in a roomy engine (aborted ones: a prefix of them).
 from __future__ import annotations
 
 import pytest
-from clairvoyant.worker.core.engine import EngineRequest, Lineage
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from clairvoyant.worker.core.engine import EngineRequest, Lineage
 from tests.worker.fakes import Clock, Collected, collect, drain, letters, make_engine, request
 
 pytestmark = pytest.mark.unit

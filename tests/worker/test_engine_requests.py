@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from clairvoyant.worker.core.engine import ContextLengthExceeded, SamplingParams
 
+from clairvoyant.worker.core.engine import ContextLengthExceeded, SamplingParams
 from tests.worker.fakes import EOS, Collected, FakeRunner, collect, drain, letters, make_engine, request
 
 pytestmark = pytest.mark.unit

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from clairvoyant.worker.core.engine import EngineRequest, LLMEngine
 
+from clairvoyant.worker.core.engine import EngineRequest, LLMEngine
 from tests.worker.fakes import Clock, Collected, collect, drain, letters, make_engine, request
 
 pytestmark = pytest.mark.unit

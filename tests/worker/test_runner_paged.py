@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 
@@ -12,7 +14,15 @@ from clairvoyant.worker.runners.tiny_random import TINY_SPECIAL_TOKENS, load_tin
 from clairvoyant.worker.runners.tokenizer import ByteTokenizer
 from clairvoyant.worker.runners.torch_runner import TorchRunner
 
-torch.set_num_threads(1)  # tiny models: more threads only add contention on a shared CPU
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    """Tiny models: more threads only add contention on a shared CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 
 pytestmark = pytest.mark.unit
 
@@ -37,13 +47,17 @@ def runner_for(config: ModelConfig | None) -> TorchRunner:
     if config is None:
         runner = load_tiny_random()
     else:
-        info = ModelInfo("test", config.vocab_size, 512, (257,), config.num_layers, config.num_kv_heads, config.head_dim)
+        info = ModelInfo(
+            "test", config.vocab_size, 512, (257,), config.num_layers, config.num_kv_heads, config.head_dim
+        )
         runner = TorchRunner(random_model(config, seed=1), ByteTokenizer(TINY_SPECIAL_TOKENS), info)
     runner.allocate_kv(NUM_BLOCKS, BLOCK_SIZE)
     return runner
 
 
-CONFIGS = pytest.mark.parametrize("config", [None, QWEN2_STYLE, LLAMA3_STYLE], ids=["tiny-random", "qwen2", "llama3"])
+CONFIGS = pytest.mark.parametrize(
+    "config", [None, QWEN2_STYLE, LLAMA3_STYLE], ids=["tiny-random", "qwen2", "llama3"]
+)
 
 
 def shuffled_blocks(count: int, seed: int, exclude: tuple[int, ...] = ()) -> list[int]:
@@ -69,7 +83,9 @@ def test_chunked_prefill_and_decode_match_reference(config: ModelConfig | None) 
         got[end - 1] = out[0]
     for _ in range(6):
         seq.append(int(got[len(seq) - 1].argmax()))
-        got[len(seq) - 1] = runner.forward([ForwardItem(0, [seq[-1]], len(seq) - 1, table, want_logits=True)])[0]
+        got[len(seq) - 1] = runner.forward(
+            [ForwardItem(0, [seq[-1]], len(seq) - 1, table, want_logits=True)]
+        )[0]
     reference = reference_logits(runner.model, seq)
     for position, row in got.items():
         torch.testing.assert_close(row, reference[position], atol=ATOL, rtol=0)
@@ -92,20 +108,28 @@ def test_mixed_batch_of_two_sequences_matches_reference(config: ModelConfig | No
     first = runner.forward([ForwardItem(1, a, 0, table_a, want_logits=True)])
     a.append(int(first[0].argmax()))
     out = runner.forward(
-        [ForwardItem(1, a[-1:], len(a) - 1, table_a, True), ForwardItem(2, b[:10], 0, table_b, want_logits=False)]
+        [
+            ForwardItem(1, a[-1:], len(a) - 1, table_a, True),
+            ForwardItem(2, b[:10], 0, table_b, want_logits=False),
+        ]
     )
     assert out.shape[0] == 1
     rows_a = {len(a) - 2: first[0], len(a) - 1: out[0]}
     rows_b: dict[int, torch.Tensor] = {}
     # Step 3: B's last chunk listed first, A's decode second: rows come back in item order.
     a.append(int(out[0].argmax()))
-    out = runner.forward([ForwardItem(2, b[10:], 10, table_b, True), ForwardItem(1, a[-1:], len(a) - 1, table_a, True)])
+    out = runner.forward(
+        [ForwardItem(2, b[10:], 10, table_b, True), ForwardItem(1, a[-1:], len(a) - 1, table_a, True)]
+    )
     rows_b[len(b) - 1], rows_a[len(a) - 1] = out[0], out[1]
     for _ in range(4):  # then both decode together
         a.append(int(rows_a[len(a) - 1].argmax()))
         b.append(int(rows_b[len(b) - 1].argmax()))
         out = runner.forward(
-            [ForwardItem(1, a[-1:], len(a) - 1, table_a, True), ForwardItem(2, b[-1:], len(b) - 1, table_b, True)]
+            [
+                ForwardItem(1, a[-1:], len(a) - 1, table_a, True),
+                ForwardItem(2, b[-1:], len(b) - 1, table_b, True),
+            ]
         )
         rows_a[len(a) - 1], rows_b[len(b) - 1] = out[0], out[1]
     for tokens, rows in ((a, rows_a), (b, rows_b)):
@@ -131,7 +155,11 @@ def test_runner_contract_details() -> None:
     runner = load_tiny_random()
     assert isinstance(runner, ModelRunner)
     config = runner.model.config
-    assert runner.kv_bytes_per_token() == config.num_layers * 2 * config.num_kv_heads * config.head_dim * 4 == 4096
+    assert (
+        runner.kv_bytes_per_token()
+        == config.num_layers * 2 * config.num_kv_heads * config.head_dim * 4
+        == 4096
+    )
     with pytest.raises(RuntimeError, match="allocate_kv"):
         runner.forward([ForwardItem(0, [1], 0, [0], True)])
     runner.allocate_kv(num_blocks=3, block_size=16)

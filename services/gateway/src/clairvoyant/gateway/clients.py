@@ -11,6 +11,7 @@ import logging
 from typing import Protocol, TypeAlias
 
 import grpc
+
 from clairvoyant.contracts.v1 import (
     common_pb2,
     profiler_pb2,

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from clairvoyant.core.config import ServiceSettings
 from pydantic import Field, model_validator
 from sqlalchemy.engine import make_url
+
+from clairvoyant.core.config import ServiceSettings
 
 
 class GatewaySettings(ServiceSettings):
@@ -21,7 +22,7 @@ class GatewaySettings(ServiceSettings):
     default_max_tokens: int = Field(256, gt=0, description="max_tokens when a request sets none")
     schedule_timeout_s: float = Field(300.0, gt=0, description="longest wait in the scheduler's queue")
     require_api_key: bool | None = Field(
-        None, description="None (auto): keys are required iff at least one active key exists"
+        None, description="None (auto): keys are required iff a key was ever created (revoked ones count)"
     )
     key_refresh_s: float = Field(5.0, gt=0, description="how often the in-memory key cache reloads (revocations)")
     model_cache_s: float = Field(1.0, ge=0, description="how long a scheduler Snapshot answers /v1/models")

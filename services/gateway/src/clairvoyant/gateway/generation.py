@@ -9,13 +9,14 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 import grpc
+from opentelemetry import trace
+
 from clairvoyant.contracts.v1 import common_pb2, scheduler_pb2, worker_pb2
 from clairvoyant.core.errors import ClairvoyantError, Unavailable
 from clairvoyant.gateway import metrics
 from clairvoyant.gateway.clients import GenerateCall, rpc_error
 from clairvoyant.gateway.records import STATUS_CANCELLED, STATUS_ERROR, STATUS_OK, Outcome
 from clairvoyant.gateway.request import CompletionResult, GenerationRequest, TokenUsage
-from opentelemetry import trace
 
 if TYPE_CHECKING:
     from clairvoyant.gateway.pipeline import Pipeline
@@ -62,7 +63,9 @@ class Generation:
         self._prompt_tokens = 0
         self._error: ClairvoyantError | None = None
         self._recorded = True  # False: release the placement but publish nothing
-        self._final = True  # False: a retry follows, so closing this attempt does not end the request
+        # Set by Pipeline.start on success: from then on, closing this generation ends the request
+        # (its span and in-flight count); before that, start ends the request itself.
+        self.owns_request = False
         self._closing: asyncio.Future[None] | None = None
 
     @property
@@ -77,10 +80,9 @@ class Generation:
             raise self._error
         self._pending = msg
 
-    def discard(self, *, retrying: bool = False) -> None:
-        """Publish no record for this attempt: the input was refused, or (``retrying``) it is re-placed."""
+    def discard(self) -> None:
+        """Publish no record for this attempt: the input was refused, or the request is re-placed."""
         self._recorded = False
-        self._final = not retrying
 
     async def deltas(self) -> AsyncIterator[str]:
         """The output text piece by piece.  Raises ClairvoyantError if the worker fails mid-way."""
@@ -170,12 +172,12 @@ class Generation:
         except Exception:  # a bug here must not leak the in-flight count or the span
             logger.exception("finishing request %s failed", self.request.request_id)
         finally:
-            spans = [self._attempt_span, self._request_span] if self._final else [self._attempt_span]
+            spans = [self._attempt_span, self._request_span] if self.owns_request else [self._attempt_span]
             for span in spans:
                 span.set_attribute("cv.status", common_pb2.RequestStatus.Name(outcome.status))  # type: ignore[arg-type]
                 span.set_attribute("cv.output_tokens", outcome.usage.completion_tokens)
                 if self._error is not None:
                     span.set_status(trace.Status(trace.StatusCode.ERROR, self._error.message))
                 span.end()
-            if self._final:
+            if self.owns_request:
                 metrics.IN_FLIGHT.dec()

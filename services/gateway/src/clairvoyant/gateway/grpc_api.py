@@ -13,6 +13,9 @@ import uuid
 from typing import Any
 
 import grpc
+from google.protobuf.json_format import MessageToDict
+from grpc_health.v1 import health
+
 from clairvoyant.contracts.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from clairvoyant.core.errors import ClairvoyantError
 from clairvoyant.core.grpcutil import CHANNEL_OPTIONS, abort, add_health
@@ -21,8 +24,6 @@ from clairvoyant.gateway.metrics import REQUESTS
 from clairvoyant.gateway.openai_api import ChatCompletionBody, to_request, validate_body
 from clairvoyant.gateway.request import GenerationRequest
 from clairvoyant.gateway.runtime import Gateway
-from google.protobuf.json_format import MessageToDict
-from grpc_health.v1 import health
 
 SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
 

@@ -14,6 +14,13 @@ import uuid
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.background import BackgroundTask
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
 from clairvoyant.core.errors import ClairvoyantError, InvalidRequest, PayloadTooLarge
 from clairvoyant.core.telemetry import extract_context
 from clairvoyant.gateway.config import GatewaySettings
@@ -29,12 +36,6 @@ from clairvoyant.gateway.request import Endpoint
 from clairvoyant.gateway.responses import ModelCard, ModelList, chat_completion, text_completion
 from clairvoyant.gateway.runtime import Gateway
 from clairvoyant.gateway.sse import chat_events, text_events
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.background import BackgroundTask
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from clairvoyant.core.app_metadata import ID_PATTERN, ID_RULE
 from sqlalchemy import DateTime, Engine, String, create_engine, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from clairvoyant.core.app_metadata import ID_PATTERN, ID_RULE
 
 KEY_PREFIX = "cv-"
 DISPLAY_CHARS = 8
@@ -122,6 +123,11 @@ class KeyStore:
         query = select(ApiKey.key_hash, ApiKey.tenant).where(ApiKey.revoked_at.is_(None))
         with Session(self.engine) as session:
             return {key_hash: tenant for key_hash, tenant in session.execute(query)}
+
+    def any_key(self) -> bool:
+        """Whether a key was ever created (revoked ones count: revoking the last key must not open the gateway)."""
+        with Session(self.engine) as session:
+            return session.scalar(select(ApiKey.id).limit(1)) is not None
 
     def close(self) -> None:
         self.engine.dispose()

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from clairvoyant.core.metrics import LATENCY_BUCKETS
 from prometheus_client import Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from clairvoyant.core.metrics import LATENCY_BUCKETS
 
 REQUESTS = Counter(
     "cv_gateway_requests_total", "Requests answered, by endpoint and status (HTTP code or gRPC code)", ["endpoint", "status"]

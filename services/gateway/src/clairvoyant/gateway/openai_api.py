@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypeVar
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
 from clairvoyant.core.app_metadata import parse_app_metadata
 from clairvoyant.core.errors import InvalidRequest
 from clairvoyant.gateway.request import ChatTurn, Endpoint, GenerationRequest, Sampling
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 MAX_STOP = 4
 
@@ -33,10 +34,10 @@ class ChatMessageIn(_Strict):
 
     @field_validator("content")
     @classmethod
-    def _text(cls, value: Any) -> str:
-        """A string, or a list of ``{"type": "text", "text": ...}`` parts (joined), or null (assistant)."""
+    def _text(cls, value: Any) -> str | None:
+        """A string, or a list of ``{"type": "text", "text": ...}`` parts (joined); null stays null."""
         if value is None or isinstance(value, str):
-            return value or ""
+            return value
         if not isinstance(value, list):
             raise ValueError("must be a string or a list of text parts")
         texts = []
@@ -110,10 +111,14 @@ class ChatCompletionBody(_GenerationBody):
         return self.max_tokens, "max_tokens"
 
     def turns(self) -> tuple[ChatTurn, ...]:
-        # Chat templates know "system"; "developer" is OpenAI's newer name for it.
-        return tuple(
-            ChatTurn("system" if m.role == "developer" else m.role, m.content or "", m.name) for m in self.messages
-        )
+        turns = []
+        for i, m in enumerate(self.messages):
+            if m.content is None and m.role != "assistant":  # an assistant turn with tool calls has none
+                param = f"messages[{i}].content"
+                raise InvalidRequest(f"{param} is required", param=param, code="missing_required_parameter")
+            # Chat templates know "system"; "developer" is OpenAI's newer name for it.
+            turns.append(ChatTurn("system" if m.role == "developer" else m.role, m.content or "", m.name))
+        return tuple(turns)
 
 
 class CompletionBody(_GenerationBody):

@@ -17,6 +17,9 @@ from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from typing import Any, Protocol
 
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
 from clairvoyant.contracts.v1 import common_pb2, scheduler_pb2, worker_pb2
 from clairvoyant.core.bus import COMPLETIONS_SUBJECT
 from clairvoyant.core.errors import ClairvoyantError, ContextLengthExceeded, Unavailable
@@ -27,8 +30,6 @@ from clairvoyant.gateway.generation import Generation
 from clairvoyant.gateway.models import ModelCatalog, ModelInfo
 from clairvoyant.gateway.records import STATUS_CANCELLED, Outcome, build_record
 from clairvoyant.gateway.request import CompletionResult, GenerationRequest
-from opentelemetry import context as otel_context
-from opentelemetry import trace
 
 logger = logging.getLogger(__name__)
 _tracer = tracer(__name__)
@@ -63,19 +64,18 @@ class Pipeline:
     async def start(self, request: GenerationRequest, parent: otel_context.Context | None = None) -> Generation:
         metrics.IN_FLIGHT.inc()
         span = _tracer.start_span("gateway.request", context=parent, attributes=_span_attributes(request))
-        generation: Generation | None = None
         try:
             with trace.use_span(span, end_on_exit=False):
                 generation = await self._place_and_open(request, span)
-            return generation
         except BaseException as exc:
-            if generation is None:  # nobody else will end the request
-                metrics.IN_FLIGHT.dec()
-                if isinstance(exc, ClairvoyantError):
-                    span.set_attribute("cv.error_code", exc.code)
-                    span.set_status(trace.Status(trace.StatusCode.ERROR, exc.message))
-                span.end()
+            metrics.IN_FLIGHT.dec()
+            if isinstance(exc, ClairvoyantError):
+                span.set_attribute("cv.error_code", exc.code)
+                span.set_status(trace.Status(trace.StatusCode.ERROR, exc.message))
+            span.end()
             raise
+        generation.owns_request = True
+        return generation
 
     async def complete(self, request: GenerationRequest, parent: otel_context.Context | None = None) -> CompletionResult:
         """The whole answer at once (non-streaming requests)."""
@@ -109,7 +109,7 @@ class Pipeline:
                     await generation.close()
                     raise
                 logger.warning("worker %s unavailable for %s; re-placing", placement.worker_id, request.request_id)
-                generation.discard(retrying=True)
+                generation.discard()
                 await generation.close()
                 excluded.append(placement.worker_id)
                 metrics.RETRIES.inc()

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from clairvoyant.contracts.v1 import common_pb2
-from clairvoyant.gateway.request import CompletionResult, TokenUsage
 from google.protobuf.json_format import MessageToDict
 from pydantic import BaseModel, Field
+
+from clairvoyant.contracts.v1 import common_pb2
+from clairvoyant.gateway.request import CompletionResult, TokenUsage
 
 
 def _unset(value: object) -> bool:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import grpc
 import uvicorn
+
 from clairvoyant.core.bus import EventBus
 from clairvoyant.core.grpcutil import mark_serving
 from clairvoyant.core.logs import setup_logging

@@ -13,6 +13,8 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+from pydantic import BaseModel
+
 from clairvoyant.core.errors import ClairvoyantError
 from clairvoyant.gateway.generation import Generation
 from clairvoyant.gateway.responses import (
@@ -26,7 +28,6 @@ from clairvoyant.gateway.responses import (
     chat_id,
     completion_id,
 )
-from pydantic import BaseModel
 
 DONE = b"data: [DONE]\n\n"
 

@@ -8,20 +8,21 @@ import logging
 import signal
 import sys
 
-from pydantic import ValidationError
-
 from clairvoyant.core.logs import setup_logging
 from clairvoyant.core.metrics import serve_metrics
 from clairvoyant.core.telemetry import setup_tracing
 from clairvoyant.scheduler.app import SchedulerApp
 from clairvoyant.scheduler.config import SchedulerSettings
 from clairvoyant.scheduler.core import PRESETS
+from pydantic import ValidationError
 
 logger = logging.getLogger("clairvoyant.scheduler")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    presets = ", ".join(f"{name} ({PRESETS.create(name).priority} + {PRESETS.create(name).routing})" for name in PRESETS)
+    presets = ", ".join(
+        f"{name} ({PRESETS.create(name).priority} + {PRESETS.create(name).routing})" for name in PRESETS
+    )
     parser = argparse.ArgumentParser(
         prog="python -m clairvoyant.scheduler",
         description="Clairvoyant scheduler: global queues per model, priority and routing across workers. "
@@ -34,7 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load_settings(argv: list[str] | None = None) -> SchedulerSettings:
     args = build_parser().parse_args(argv)
-    overrides = {k: v for k, v in {"policy": args.policy, "scheduler_port": args.port}.items() if v is not None}
+    overrides = {
+        k: v for k, v in {"policy": args.policy, "scheduler_port": args.port}.items() if v is not None
+    }
     return SchedulerSettings(**overrides)  # flags win over CV_* variables, which win over defaults
 
 

@@ -6,8 +6,6 @@ import asyncio
 import contextlib
 import logging
 
-from opentelemetry import trace
-
 from clairvoyant.contracts.v1 import scheduler_pb2, scheduler_pb2_grpc
 from clairvoyant.core.bus import WORKER_STATS_WILDCARD, EventBus
 from clairvoyant.core.clock import Clock, SystemClock
@@ -15,6 +13,7 @@ from clairvoyant.core.grpcutil import add_health, mark_serving, new_server
 from clairvoyant.scheduler.config import SchedulerSettings
 from clairvoyant.scheduler.core import GlobalScheduler
 from clairvoyant.scheduler.service import SchedulerServicer
+from opentelemetry import trace
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +23,9 @@ SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
 class SchedulerApp:
     """One scheduler process.  ``start`` binds and connects; ``stop`` is graceful and idempotent."""
 
-    def __init__(self, settings: SchedulerSettings, *, clock: Clock | None = None, tracer: trace.Tracer | None = None):
+    def __init__(
+        self, settings: SchedulerSettings, *, clock: Clock | None = None, tracer: trace.Tracer | None = None
+    ) -> None:
         self.settings = settings
         self.core = GlobalScheduler.from_preset(
             settings.policy,
@@ -40,6 +41,7 @@ class SchedulerApp:
         self.health = add_health(self.server, [SERVICE_NAME])
         self.port = 0  # the bound port, known after start (scheduler_port 0 picks a free one)
         self._expiry_task: asyncio.Task[None] | None = None
+        self._connect_task: asyncio.Task[bool] | None = None
         self._stopped = False
 
     @property
@@ -52,7 +54,9 @@ class SchedulerApp:
         # Subscribing first means the bus (re)subscribes on every successful connect, including a
         # late one after NATS comes up: a dead NATS degrades the scheduler instead of stopping it.
         await self.bus.subscribe(WORKER_STATS_WILDCARD, self.servicer.on_worker_stats)
-        await self.bus.connect()
+        # In the background: with a dead server, nats-py's initial connect keeps retrying inside
+        # EventBus.connect (allow_reconnect with unlimited attempts) and never returns.
+        self._connect_task = asyncio.create_task(self.bus.connect(), name="scheduler-nats-connect")
         self._expiry_task = asyncio.create_task(self._expire_forever(), name="scheduler-expiry")
         await mark_serving(self.health, [SERVICE_NAME])
         logger.info("scheduler (policy %s) listening on %s", self.settings.policy, self.address)
@@ -62,10 +66,11 @@ class SchedulerApp:
             return
         self._stopped = True
         await mark_serving(self.health, [SERVICE_NAME], serving=False)
-        if self._expiry_task is not None:
-            self._expiry_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._expiry_task
+        for task in (self._expiry_task, self._connect_task):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         self.servicer.close()
         await self.server.stop(self.settings.shutdown_grace_s)
         await self.bus.close()

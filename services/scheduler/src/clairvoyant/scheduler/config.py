@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
-
 from clairvoyant.core.config import ServiceSettings
 from clairvoyant.scheduler.core import PRESETS
+from pydantic import Field, field_validator
 
 
 class SchedulerSettings(ServiceSettings):
     scheduler_port: int = Field(50051, ge=0, le=65535, description="gRPC port; 0 picks a free one")
     metrics_port: int = Field(9101, ge=0, le=65535, description="Prometheus /metrics; 0 disables")
     policy: str = Field("fcfs-rr", description="scheduler preset: " + ", ".join(PRESETS.names()))
-    max_queue_per_model: int = Field(1024, ge=1, description="requests waiting per model before RESOURCE_EXHAUSTED")
+    max_queue_per_model: int = Field(
+        1024, ge=1, description="requests waiting per model before RESOURCE_EXHAUSTED"
+    )
     queue_retry_after_s: float = Field(1.0, ge=0, description="retry hint sent with a full-queue rejection")
-    heartbeat_timeout_factor: float = Field(3.0, gt=0, description="a worker silent this many intervals is removed")
+    heartbeat_timeout_factor: float = Field(
+        3.0, gt=0, description="a worker silent this many intervals is removed"
+    )
     default_heartbeat_interval_s: float = Field(1.0, gt=0, description="for workers that report no interval")
     expiry_interval_s: float = Field(0.5, gt=0, description="how often silent workers are looked for")
     shutdown_grace_s: float = Field(5.0, ge=0, description="in-flight RPCs get this long on SIGTERM")
@@ -23,5 +26,7 @@ class SchedulerSettings(ServiceSettings):
     @classmethod
     def _known_policy(cls, value: str) -> str:
         if value not in PRESETS:
-            raise ValueError(f"unknown scheduler policy {value!r}; choose one of: {', '.join(PRESETS.names())}")
+            raise ValueError(
+                f"unknown scheduler policy {value!r}; choose one of: {', '.join(PRESETS.names())}"
+            )
         return value

@@ -44,7 +44,9 @@ def placement(decision: Decision) -> scheduler_pb2.Placement:
 def snapshot(snap: SchedulerSnapshot) -> scheduler_pb2.SchedulerSnapshot:
     return scheduler_pb2.SchedulerSnapshot(
         policy=snap.policy,
-        queues=[scheduler_pb2.ModelQueue(model=q.model, depth=q.depth, capacity=q.capacity) for q in snap.queues],
+        queues=[
+            scheduler_pb2.ModelQueue(model=q.model, depth=q.depth, capacity=q.capacity) for q in snap.queues
+        ],
         workers=[
             scheduler_pb2.WorkerState(
                 worker_id=w.worker_id,

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
-
 from clairvoyant.core.metrics import LATENCY_BUCKETS
+from prometheus_client import Counter, Gauge, Histogram
 
 # status: placed | queue_full | no_workers | invalid | cancelled | failed (lost before placement)
 REQUESTS = Counter("cv_scheduler_requests_total", "Schedule calls by model and outcome", ["model", "status"])
 QUEUE_DEPTH = Gauge("cv_scheduler_queue_depth", "Requests waiting in the global queue", ["model"])
 QUEUE_WAIT = Histogram(
-    "cv_scheduler_queue_wait_seconds", "Submit to placement in the global queue", ["model"], buckets=LATENCY_BUCKETS
+    "cv_scheduler_queue_wait_seconds",
+    "Submit to placement in the global queue",
+    ["model"],
+    buckets=LATENCY_BUCKETS,
 )
 WORKERS = Gauge("cv_scheduler_workers", "Live workers known from heartbeats", ["model"])
 PLACEMENTS_FAILED = Counter(
-    "cv_scheduler_placements_failed_total", "Placements lost because their worker stopped heartbeating", ["model"]
+    "cv_scheduler_placements_failed_total",
+    "Placements lost because their worker stopped heartbeating",
+    ["model"],
 )
 # A label for rejected requests whose model no worker serves: client-chosen names must not grow
 # the label set without bound.

@@ -11,11 +11,6 @@ import asyncio
 import logging
 
 import grpc
-from google.protobuf.message import DecodeError
-from nats.aio.msg import Msg
-from opentelemetry import trace
-from opentelemetry.trace import Status, StatusCode
-
 from clairvoyant.contracts.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2
 from clairvoyant.core.clock import Clock
 from clairvoyant.core.errors import ClairvoyantError, InvalidRequest, NoWorkers, QueueFull, Unavailable
@@ -25,6 +20,10 @@ from clairvoyant.core.telemetry import tracer as get_tracer
 from clairvoyant.scheduler import convert
 from clairvoyant.scheduler import metrics as m
 from clairvoyant.scheduler.core import Decision, GlobalScheduler
+from google.protobuf.message import DecodeError
+from nats.aio.msg import Msg
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
 
 logger = logging.getLogger(__name__)
 
@@ -50,9 +49,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self, request: scheduler_pb2.ScheduleRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.Placement:
         parent = extract_context(context.invocation_metadata())
-        attributes = {"cv.request_id": request.request_id, "cv.model": request.model, "cv.tenant": request.tenant}
+        attributes = {
+            "cv.request_id": request.request_id,
+            "cv.model": request.model,
+            "cv.tenant": request.tenant,
+        }
         error: ClairvoyantError | None = None
-        with self._tracer.start_as_current_span("scheduler.queue_wait", context=parent, attributes=attributes) as span:
+        with self._tracer.start_as_current_span(
+            "scheduler.queue_wait", context=parent, attributes=attributes
+        ) as span:
             try:
                 decision = await self._place(request)
             except ClairvoyantError as err:

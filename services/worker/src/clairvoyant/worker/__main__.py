@@ -33,6 +33,13 @@ from clairvoyant.worker.service import WorkerService, record_stats
 logger = logging.getLogger("clairvoyant.worker")
 
 
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn inside our event loop: signals belong to ``serve()``, not to uvicorn."""
+
+    def capture_signals(self) -> contextlib.AbstractContextManager[None]:  # type: ignore[override]
+        return contextlib.nullcontext()
+
+
 def engine_config(settings: WorkerSettings, runner: ModelRunner) -> EngineConfig:
     num_blocks = settings.num_blocks
     if not num_blocks:
@@ -72,7 +79,7 @@ async def serve(settings: WorkerSettings) -> None:
     http: uvicorn.Server | None = None
     tasks: list[asyncio.Task[None]] = []
     if settings.worker_http_port:
-        http = uvicorn.Server(
+        http = _EmbeddedServer(
             uvicorn.Config(
                 create_app(service, heartbeat),
                 host=settings.host,
@@ -81,7 +88,6 @@ async def serve(settings: WorkerSettings) -> None:
                 lifespan="off",
             )
         )
-        http.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # we own the signals
         tasks.append(asyncio.create_task(http.serve()))
 
     bus = EventBus(settings.nats_url, f"worker-{worker_id}", connect_timeout_s=settings.nats_connect_timeout_s)

@@ -15,6 +15,7 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import TypeAlias
 
 from clairvoyant.worker.core.engine import EngineRequest, EngineStats, LLMEngine, RequestOutput
 
@@ -30,7 +31,7 @@ class _Abort:
     request_id: str
 
 
-_Item = RequestOutput | BaseException
+_Item: TypeAlias = RequestOutput | BaseException
 
 
 class AsyncEngine:

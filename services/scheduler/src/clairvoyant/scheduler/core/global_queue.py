@@ -17,7 +17,12 @@ from typing import Any
 
 from clairvoyant.contracts.v1 import worker_pb2
 from clairvoyant.core.errors import InvalidRequest, NoWorkers, QueueFull
-from clairvoyant.scheduler.core.policies import PriorityPolicy, RoutingPolicy, build_policies, eligible_workers
+from clairvoyant.scheduler.core.policies import (
+    PriorityPolicy,
+    RoutingPolicy,
+    build_policies,
+    eligible_workers,
+)
 from clairvoyant.scheduler.core.types import (
     Decision,
     ExpiredWorker,
@@ -88,10 +93,11 @@ class GlobalScheduler:
 
     def cancel(self, request_id: str) -> bool:
         """Remove a request that is still waiting (its caller went away).  False if not queued."""
-        for queue in self._queues.values():
-            if queue.pop(request_id, None) is not None:
-                return True
-        return False
+        queue = next((q for q in self._queues.values() if request_id in q), None)
+        if queue is None:
+            return False
+        del queue[request_id]
+        return True
 
     def complete(self, request_id: str, worker_id: str | None = None) -> bool:
         """Release a placement.  Idempotent: False when unknown or already released, or when
@@ -115,7 +121,9 @@ class GlobalScheduler:
         """
         decisions: list[Decision] = []
         for model, queue in self._queues.items():
-            if not queue or not any(w.model == model and w.has_room and not w.draining for w in self._workers.values()):
+            if not queue or not any(
+                w.model == model and w.has_room and not w.draining for w in self._workers.values()
+            ):
                 continue  # nothing can move: skip ranking a long queue
             ranked = sorted(
                 ((self.priority_policy.priority(r, now), r) for r in queue.values()),
@@ -224,7 +232,9 @@ class GlobalScheduler:
         for worker_id, _ in self._placements.values():
             counts[worker_id] = counts.get(worker_id, 0) + 1
         for worker in self._workers.values():
-            assert worker.placed == counts.pop(worker.worker_id, 0), f"{worker.worker_id}: placed count drifted"
+            assert worker.placed == counts.pop(worker.worker_id, 0), (
+                f"{worker.worker_id}: placed count drifted"
+            )
             assert worker.placed >= 0
         assert not counts, f"placements on unknown workers: {counts}"
         for model, queue in self._queues.items():
@@ -234,5 +244,6 @@ class GlobalScheduler:
 
     def _can_ever_serve(self, request: QueuedRequest) -> bool:
         return any(
-            w.model == request.model and w.worker_id not in request.exclude_workers for w in self._workers.values()
+            w.model == request.model and w.worker_id not in request.exclude_workers
+            for w in self._workers.values()
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 
 import torch
+
 from clairvoyant.worker.core.detokenize import IncrementalDetokenizer
 from clairvoyant.worker.core.sampling import SampleRow, SamplingParams
 from clairvoyant.worker.core.types import EngineRequest, FinishReason, Lineage

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
 from clairvoyant.worker.runners.base import ForwardItem
 
 
@@ -70,7 +71,9 @@ def build_paged_context(
             # Query i sits at absolute position start_pos + i and sees positions <= that.
             query_pos = torch.arange(item.start_pos, context_len, device=device)
             mask = torch.arange(context_len, device=device)[None, :] <= query_pos[:, None]
-        slices.append(ItemSlice(row, row + query_len, context_slots, mask, item.start_pos == 0 and query_len > 1))
+        slices.append(
+            ItemSlice(row, row + query_len, context_slots, mask, item.start_pos == 0 and query_len > 1)
+        )
         write_slots.append(context_slots[item.start_pos :])
         positions.append(torch.arange(item.start_pos, context_len, device=device))
         row += query_len

@@ -37,7 +37,9 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+            raise ValueError(
+                f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
+            )
         if self.head_dim % 2:
             raise ValueError(f"RoPE needs an even head_dim, got {self.head_dim}")
 

@@ -10,9 +10,10 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from clairvoyant.worker.models.attention import PagedContext, causal_attention, paged_attention
 from clairvoyant.worker.models.config import Llama3RopeScaling, ModelConfig
-from torch import nn
 
 
 class RMSNorm(nn.Module):
@@ -43,7 +44,9 @@ def _llama3_scale(inv_freq: torch.Tensor, scaling: Llama3RopeScaling) -> torch.T
     high_freq_wavelen = old_len / scaling.high_freq_factor
     wavelen = 2 * math.pi / inv_freq
     scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / scaling.factor, inv_freq)
-    smooth = (old_len / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    smooth = (old_len / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
     smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
     is_medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
     return torch.where(is_medium, smoothed, scaled)
@@ -145,12 +148,20 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.model = LlamaBackbone(config)
         # Tied checkpoints carry no lm_head; the embedding matrix doubles as the output projection.
-        self.lm_head = None if config.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, context: PagedContext | None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, context: PagedContext | None
+    ) -> torch.Tensor:
         """Hidden states [T, hidden] of the flattened rows; ``context=None`` means one uncached sequence."""
         if positions.numel() and int(positions.max()) >= self.config.max_position_embeddings:
-            raise ValueError(f"position {int(positions.max())} exceeds the model's {self.config.max_position_embeddings}")
+            raise ValueError(
+                f"position {int(positions.max())} exceeds the model's {self.config.max_position_embeddings}"
+            )
         x = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:
             x = layer(x, positions, self.model.rotary, context)
@@ -183,7 +194,8 @@ def build_from_state_dict(
         name: tensor.to(device=device, dtype=dtype)
         for name, tensor in state_dict.items()
         # Tied checkpoints may still store lm_head; old ones store RoPE frequencies we derive ourselves.
-        if not (config.tie_word_embeddings and name == "lm_head.weight") and not name.endswith("rotary_emb.inv_freq")
+        if not (config.tie_word_embeddings and name == "lm_head.weight")
+        and not name.endswith("rotary_emb.inv_freq")
     }
     model.load_state_dict(weights, strict=True, assign=True)
     # Buffers are not in the state dict, so the meta-device RoPE tables are rebuilt for real.

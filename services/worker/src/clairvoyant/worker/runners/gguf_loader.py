@@ -6,25 +6,20 @@ names; the vocabulary and merges become a byte-level BPE ``tokenizers.Tokenizer`
 
 from __future__ import annotations
 
-import logging
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import tokenizers
 import torch
+from gguf import GGUFReader
+from gguf.quants import dequantize
+
 from clairvoyant.worker.models.config import ModelConfig
 from clairvoyant.worker.models.llama import build_from_state_dict
 from clairvoyant.worker.runners.base import ModelInfo
-from clairvoyant.worker.runners.tokenizer import ChatTemplate, FastTokenizer
+from clairvoyant.worker.runners.tokenizer import ChatTemplate, FastTokenizer, byte_level_bpe
 from clairvoyant.worker.runners.torch_runner import TorchRunner
-from gguf import GGUFReader
-from gguf.quants import dequantize
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
-
-logger = logging.getLogger(__name__)
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 _MISSING = object()
@@ -44,40 +39,6 @@ _LAYER_TENSORS = {
 _GLOBAL_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
-# llama.cpp's pre-tokenizer regexes ("tokenizer.ggml.pre"), expressed as `tokenizers` pre-tokenizers.
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-
-
-def _split_then_bytes(pattern: str) -> pre_tokenizers.PreTokenizer:
-    return pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(pattern), behavior="isolated"), pre_tokenizers.ByteLevel(False, use_regex=False)]
-    )
-
-
-def _digits_then_gpt2() -> pre_tokenizers.PreTokenizer:
-    # llama.cpp's "smollm"/"starcoder" rule: every digit on its own, then the GPT-2 regex.
-    return pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
-    )
-
-
-PRE_TOKENIZERS: dict[str, Callable[[], pre_tokenizers.PreTokenizer]] = {
-    "gpt2": lambda: pre_tokenizers.ByteLevel(add_prefix_space=False),
-    "smollm": _digits_then_gpt2,
-    "starcoder": _digits_then_gpt2,
-    "refact": _digits_then_gpt2,
-    "llama-bpe": lambda: _split_then_bytes(_LLAMA3_SPLIT),
-    "llama3": lambda: _split_then_bytes(_LLAMA3_SPLIT),
-    "qwen2": lambda: _split_then_bytes(_QWEN2_SPLIT),
-}
-
 
 def _meta(reader: GGUFReader, key: str, default: Any = _MISSING) -> Any:
     field = reader.get_field(key)
@@ -91,7 +52,9 @@ def _meta(reader: GGUFReader, key: str, default: Any = _MISSING) -> Any:
 def gguf_config(reader: GGUFReader) -> tuple[str, ModelConfig]:
     arch = str(_meta(reader, "general.architecture"))
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(f"GGUF architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+        raise ValueError(
+            f"GGUF architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+        )
     if _meta(reader, f"{arch}.rope.scaling.type", "none") != "none":
         raise ValueError("GGUF RoPE scaling metadata is not supported")
     names = {tensor.name for tensor in reader.tensors}
@@ -126,7 +89,11 @@ def _unpermute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     r0 r1 ... r_half ... again.  Same as transformers' ``_reverse_permute_weights``.
     """
     rows = weight.shape[0]
-    return weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
+    return (
+        weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:])
+        .transpose(1, 2)
+        .reshape(weight.shape)
+    )
 
 
 def gguf_state_dict(reader: GGUFReader, arch: str, config: ModelConfig) -> dict[str, torch.Tensor]:
@@ -151,18 +118,6 @@ def gguf_state_dict(reader: GGUFReader, arch: str, config: ModelConfig) -> dict[
     return state
 
 
-def _byte_alphabet() -> dict[int, str]:
-    """GPT-2's byte -> printable character table, in which byte-level vocabularies are spelled."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
-
-
 def gguf_tokenizer(reader: GGUFReader) -> tuple[FastTokenizer, tuple[int, ...]]:
     """The byte-level BPE tokenizer the file describes, and its end-of-sequence ids."""
     model_kind = _meta(reader, "tokenizer.ggml.model")
@@ -170,24 +125,9 @@ def gguf_tokenizer(reader: GGUFReader) -> tuple[FastTokenizer, tuple[int, ...]]:
         raise ValueError(f"GGUF tokenizer {model_kind!r} is not supported (only byte-level BPE, 'gpt2')")
     tokens: list[str] = list(_meta(reader, "tokenizer.ggml.tokens"))
     token_types: list[int] = list(_meta(reader, "tokenizer.ggml.token_type", [1] * len(tokens)))
-    alphabet = _byte_alphabet()
-    spelled = set(alphabet.values())
-    # A few files store tokens as raw text; the BPE model wants them in the byte alphabet.
-    vocab = {
-        (tok if set(tok) <= spelled else "".join(alphabet[b] for b in tok.encode("utf-8"))): i
-        for i, tok in enumerate(tokens)
-    }
-    merges = [tuple(m.split(" ", 1)) for m in _meta(reader, "tokenizer.ggml.merges")]
-    backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    merges = [str(m) for m in _meta(reader, "tokenizer.ggml.merges")]
     pre = str(_meta(reader, "tokenizer.ggml.pre", "gpt2"))
-    if pre not in PRE_TOKENIZERS:
-        logger.warning("unknown GGUF pre-tokenizer %r; falling back to GPT-2's regex", pre)
-    backend.pre_tokenizer = PRE_TOKENIZERS.get(pre, PRE_TOKENIZERS["gpt2"])()
-    backend.decoder = decoders.ByteLevel()
-    # Control (3) tokens are matched whole and skipped on decode; user-defined (4) are matched whole only.
-    typed = list(zip(tokens, token_types, strict=True))
-    backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t, kind in typed if kind == 3])
-    backend.add_tokens([AddedToken(t, normalized=False, special=False) for t, kind in typed if kind == 4])
+    backend = byte_level_bpe(tokens, merges, token_types, pre)
     special = {
         name: tokens[int(token_id)]
         for name, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"))

@@ -8,12 +8,13 @@ from typing import Any
 
 import tokenizers
 import torch
+from safetensors.torch import load_file
+
 from clairvoyant.worker.models.config import Llama3RopeScaling, ModelConfig
 from clairvoyant.worker.models.llama import build_from_state_dict
 from clairvoyant.worker.runners.base import ModelInfo
 from clairvoyant.worker.runners.tokenizer import ChatTemplate, FastTokenizer
 from clairvoyant.worker.runners.torch_runner import TorchRunner
-from safetensors.torch import load_file
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 
@@ -49,7 +50,9 @@ def _rope(raw: dict[str, Any]) -> tuple[float, Llama3RopeScaling | None]:
 def hf_config(raw: dict[str, Any]) -> ModelConfig:
     architectures = raw.get("architectures") or []
     if not set(architectures) & set(SUPPORTED_ARCHITECTURES):
-        raise CheckpointError(f"architectures {architectures} not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+        raise CheckpointError(
+            f"architectures {architectures} not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+        )
     is_qwen2 = "Qwen2ForCausalLM" in architectures
     theta, scaling = _rope(raw)
     num_heads = int(raw["num_attention_heads"])
@@ -93,7 +96,9 @@ def hf_tokenizer(directory: Path, raw_config: dict[str, Any]) -> tuple[FastToken
     backend = tokenizers.Tokenizer.from_file(str(tokenizer_file))
     tok_config = _read_json(directory / "tokenizer_config.json")
     special = {
-        name: text for name in ("bos_token", "eos_token") if (text := _token_text(tok_config.get(name))) is not None
+        name: text
+        for name in ("bos_token", "eos_token")
+        if (text := _token_text(tok_config.get(name))) is not None
     }
     source = tok_config.get("chat_template")
     if isinstance(source, list):  # several named templates: serve the default one
@@ -104,7 +109,11 @@ def hf_tokenizer(directory: Path, raw_config: dict[str, Any]) -> tuple[FastToken
     template = ChatTemplate(str(source), special) if source else None
     generation = _read_json(directory / "generation_config.json")
     eos = _ids(generation.get("eos_token_id")) + _ids(raw_config.get("eos_token_id"))
-    if not eos and "eos_token" in special and (token_id := backend.token_to_id(special["eos_token"])) is not None:
+    if (
+        not eos
+        and "eos_token" in special
+        and (token_id := backend.token_to_id(special["eos_token"])) is not None
+    ):
         eos = [token_id]
     return FastTokenizer(backend, template), tuple(dict.fromkeys(eos))
 
@@ -140,6 +149,10 @@ def load_hf_dir(
         num_kv_heads=config.num_kv_heads,
         head_dim=config.head_dim,
         dtype=str(dtype).removeprefix("torch."),
-        extra={"source": "hf", "path": str(directory), "architecture": ",".join(raw.get("architectures", []))},
+        extra={
+            "source": "hf",
+            "path": str(directory),
+            "architecture": ",".join(raw.get("architectures", [])),
+        },
     )
     return TorchRunner(model, tokenizer, info)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
 from clairvoyant.worker.runners.gguf_loader import load_gguf
 from clairvoyant.worker.runners.hf_loader import load_hf_dir
 from clairvoyant.worker.runners.tiny_random import load_tiny_random
@@ -53,7 +54,9 @@ def smollm2_gguf_path() -> Path:
 
 
 def _load_smollm2(device: str, dtype: torch.dtype, max_model_len: int | None) -> TorchRunner:
-    return load_gguf(smollm2_gguf_path(), name=SMOLLM2_NAME, device=device, dtype=dtype, max_model_len=max_model_len)
+    return load_gguf(
+        smollm2_gguf_path(), name=SMOLLM2_NAME, device=device, dtype=dtype, max_model_len=max_model_len
+    )
 
 
 def _load_tiny(device: str, dtype: torch.dtype, max_model_len: int | None) -> TorchRunner:

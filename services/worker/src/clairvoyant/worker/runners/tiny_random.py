@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+
 from clairvoyant.worker.models.config import ModelConfig
 from clairvoyant.worker.models.llama import LlamaForCausalLM
 from clairvoyant.worker.runners.base import ModelInfo

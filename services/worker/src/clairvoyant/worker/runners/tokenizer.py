@@ -7,6 +7,7 @@ wraps a ``tokenizers.Tokenizer`` built from a GGUF's vocabulary or a checkpoint'
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -15,6 +16,9 @@ from typing import Any
 import jinja2.ext
 import tokenizers
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+
+logger = logging.getLogger(__name__)
 
 
 class ChatTemplateError(ValueError):
@@ -40,7 +44,9 @@ class ChatTemplate:
     def __init__(
         self, source: str, special_tokens: dict[str, str], now: Callable[[], datetime] = datetime.now
     ) -> None:
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+        )
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise_exception
         # Some templates (Llama 3.1) print today's date; the clock is injected so tests stay exact.
@@ -75,7 +81,11 @@ class ByteTokenizer:
         self.special_ids = {token: 256 + i for i, token in enumerate(self.special_tokens)}
         self.vocab_size = 256 + len(self.special_tokens)
         self._special_pattern = re.compile("(" + "|".join(re.escape(t) for t in self.special_tokens) + ")")
-        names = {"bos_token": self.special_tokens[0], "eos_token": self.special_tokens[1]} if special_tokens else {}
+        names = (
+            {"bos_token": self.special_tokens[0], "eos_token": self.special_tokens[1]}
+            if special_tokens
+            else {}
+        )
         self.chat_template = ChatTemplate(chat_template, names)
 
     def encode(self, text: str) -> list[int]:
@@ -90,7 +100,9 @@ class ByteTokenizer:
     def decode(self, token_ids: Sequence[int]) -> str:
         return bytes(t for t in token_ids if 0 <= t < 256).decode("utf-8", errors="replace")
 
-    def apply_chat_template(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+    def apply_chat_template(
+        self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True
+    ) -> list[int]:
         return self.encode(self.chat_template.render(messages, add_generation_prompt))
 
 
@@ -111,7 +123,93 @@ class FastTokenizer:
     def decode(self, token_ids: Sequence[int]) -> str:
         return str(self.backend.decode(list(token_ids), skip_special_tokens=True))
 
-    def apply_chat_template(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+    def apply_chat_template(
+        self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True
+    ) -> list[int]:
         if self.chat_template is None:
             raise ChatTemplateError("this model carries no chat template")
         return self.encode(self.chat_template.render(messages, add_generation_prompt))
+
+
+# llama.cpp's pre-tokenizer regexes ("tokenizer.ggml.pre"), expressed as `tokenizers` pre-tokenizers.
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def _split_then_bytes(pattern: str) -> pre_tokenizers.PreTokenizer:
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+            pre_tokenizers.ByteLevel(False, use_regex=False),
+        ]
+    )
+
+
+def _digits_then_gpt2() -> pre_tokenizers.PreTokenizer:
+    # llama.cpp's "smollm"/"starcoder" rule: every digit on its own, then the GPT-2 regex.
+    return pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+
+
+PRE_TOKENIZERS: dict[str, Callable[[], pre_tokenizers.PreTokenizer]] = {
+    "gpt2": lambda: pre_tokenizers.ByteLevel(add_prefix_space=False),
+    "smollm": _digits_then_gpt2,
+    "starcoder": _digits_then_gpt2,
+    "refact": _digits_then_gpt2,
+    "llama-bpe": lambda: _split_then_bytes(_LLAMA3_SPLIT),
+    "llama3": lambda: _split_then_bytes(_LLAMA3_SPLIT),
+    "qwen2": lambda: _split_then_bytes(_QWEN2_SPLIT),
+}
+
+
+def _byte_alphabet() -> dict[int, str]:
+    """GPT-2's byte -> printable character table, in which byte-level vocabularies are spelled."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    table = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def byte_level_bpe(
+    tokens: Sequence[str], merges: Sequence[str], token_types: Sequence[int], pre: str
+) -> tokenizers.Tokenizer:
+    """A GPT-2 style byte-level BPE from a GGUF-style vocabulary (``tokenizer.ggml.*``).
+
+    ``token_types`` follow llama.cpp (1 normal, 3 control, 4 user-defined); ``pre`` names the
+    pre-tokenizer (``tokenizer.ggml.pre``), GPT-2's when unknown.
+    """
+    alphabet = _byte_alphabet()
+    spelled = set(alphabet.values())
+    # A few files store tokens as raw text; the BPE model wants them in the byte alphabet.
+    vocab = {
+        (tok if set(tok) <= spelled else "".join(alphabet[b] for b in tok.encode("utf-8"))): i
+        for i, tok in enumerate(tokens)
+    }
+    pairs = [(left, right) for left, _, right in (merge.partition(" ") for merge in merges)]
+    backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False))
+    if pre not in PRE_TOKENIZERS:
+        logger.warning("unknown pre-tokenizer %r; falling back to GPT-2's regex", pre)
+    backend.pre_tokenizer = PRE_TOKENIZERS.get(pre, PRE_TOKENIZERS["gpt2"])()
+    backend.decoder = decoders.ByteLevel()
+    # Control tokens are matched whole and skipped on decode; user-defined ones are only matched whole.
+    typed = list(zip(tokens, token_types, strict=True))
+    backend.add_special_tokens(
+        [AddedToken(t, normalized=False, special=True) for t, kind in typed if kind == 3]
+    )
+    backend.add_tokens([AddedToken(t, normalized=False, special=False) for t, kind in typed if kind == 4])
+    return backend

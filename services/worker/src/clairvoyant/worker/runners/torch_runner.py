@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+
 from clairvoyant.worker.models.attention import build_paged_context
 from clairvoyant.worker.models.llama import LlamaForCausalLM
 from clairvoyant.worker.runners.base import ForwardItem, ModelInfo, Tokenizer

@@ -1,0 +1,38 @@
+"""``python -m clairvoyant.bench <name> [options]``: run one benchmark, print its table, save its JSON.
+
+Benchmarks are not tests: they report figures and ratios against a baseline measured in the same
+run, and never fail on a threshold.  Results go to ``bench/results/<name>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+# Imported for their registrations in BENCHMARKS.
+from clairvoyant.bench import engine_throughput, gateway_overhead, prefix_ttft  # noqa: F401
+from clairvoyant.bench.common import BENCHMARKS, RESULTS_DIR, load_average, progress, report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m clairvoyant.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR, help="where <name>.json is written")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="benchmark")
+    for name in BENCHMARKS.names():
+        bench = BENCHMARKS.create(name)
+        sub = commands.add_parser(name, help=bench.help, description=bench.help)
+        bench.add_arguments(sub)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    started = load_average()
+    progress(f"{args.command}: load average {started[0]:.2f} {started[1]:.2f} {started[2]:.2f}")
+    result = BENCHMARKS.create(args.command).run(args)
+    report(result, args.out_dir, started)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""What every benchmark shares: the registry, progress lines, tables, percentiles and the JSON results.
+
+A benchmark prints and saves figures; it never asserts on a wall-clock threshold (STYLE.md, rule 9).
+Goals are reported as a ratio against a baseline measured in the same run, next to the goal itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from clairvoyant.core.registry import Registry
+
+# bench/src/clairvoyant/bench/common.py -> bench/results
+RESULTS_DIR = Path(__file__).resolve().parents[3] / "results"
+
+
+@dataclass
+class BenchResult:
+    """One run's figures: ``rows`` render as the table and ``summary`` holds the ratios vs the goals."""
+
+    name: str
+    columns: list[str]
+    rows: list[list[Any]]
+    summary: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+class Benchmark(Protocol):
+    """A named benchmark: declares its options, then runs and returns its figures (no asserts)."""
+
+    help: str
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> BenchResult: ...
+
+
+BENCHMARKS: Registry[Benchmark] = Registry("benchmark")
+
+_START = time.monotonic()
+
+
+def progress(message: str) -> None:
+    """A progress line on stderr, stamped with seconds since start, so stdout stays the table."""
+    print(f"[{time.monotonic() - _START:7.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) with linear interpolation, as numpy's default."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def load_average() -> tuple[float, float, float]:
+    return os.getloadavg()
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on; the load average tells readers how noisy the box was."""
+    model = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info: dict[str, Any] = {"cpu": model, "cpus": os.cpu_count(), "python": platform.python_version()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["cuda"] = torch.cuda.is_available()
+    except ImportError:
+        pass
+    return info
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        if value != value:  # NaN
+            return "-"
+        return f"{value:,.2f}" if abs(value) < 1000 else f"{value:,.0f}"
+    return "-" if value is None else str(value)
+
+
+def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table (readable in a terminal, pasteable into docs/benchmarks.md)."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    line = "| " + " | ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)) + " |"
+    rule = "| " + " | ".join("-" * w for w in widths) + " |"
+    body = ["| " + " | ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) + " |" for r in cells]
+    return "\n".join([line, rule, *body])
+
+
+def report(result: BenchResult, out_dir: Path = RESULTS_DIR, started_load: tuple[float, ...] = ()) -> Path:
+    """Print the table, summary and notes; save everything as ``<out_dir>/<name>.json``."""
+    print()
+    print(format_table(result.columns, result.rows))
+    print()
+    for key, value in result.summary.items():
+        print(f"{key}: {_cell(value)}")
+    for note in result.notes:
+        print(f"note: {note}")
+    payload = {
+        "benchmark": result.name,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine(),
+        "load_average": {"start": list(started_load), "end": list(load_average())},
+        "params": result.params,
+        "columns": result.columns,
+        "rows": result.rows,
+        "summary": result.summary,
+        "notes": result.notes,
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{result.name}.json"
+    path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    print(f"saved {path}")
+    return path

