@@ -11,16 +11,16 @@ from typing import Any
 
 import nats
 import pytest
-from nats.js.api import DeliverPolicy
+from nats.js.api import DeliverPolicy, StorageType, StreamConfig
 from openai import AsyncOpenAI
 
 from clairvoyant.contracts.v1 import common_pb2
-from clairvoyant.core.bus import COMPLETIONS_SUBJECT, EventBus
+from clairvoyant.core.bus import COMPLETIONS_STREAM, COMPLETIONS_SUBJECT, EventBus
 from clairvoyant.core.natsserver import NatsServer
 from clairvoyant.core.natsserver import free_port as pick_free_port
 from clairvoyant.gateway.config import GatewaySettings
 from clairvoyant.gateway.server import GatewayServer
-from tests.gateway.fakes import FakeScheduler, FakeWorker, WorkerEntry, start_server
+from tests.gateway.fakes import FakeProfiler, FakeScheduler, FakeWorker, WorkerEntry, start_server
 
 
 @pytest.fixture
@@ -36,6 +36,12 @@ def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield server.url
     finally:
         server.stop()
+
+
+async def add_completions_stream(nc: Any) -> None:
+    """The stream EventBus.ensure_stream creates (same config, so creating it twice is harmless)."""
+    config = StreamConfig(name=COMPLETIONS_STREAM, subjects=[COMPLETIONS_SUBJECT], storage=StorageType.FILE)
+    await nc.jetstream().add_stream(config)
 
 
 class RecordReader:
@@ -91,8 +97,13 @@ async def make_stack(nats_server: str, tmp_path: Path) -> AsyncIterator[StackFac
     cleanups: list[Callable[[], Awaitable[Any]]] = []
 
     async def make(
-        workers: list[FakeWorker] | None = None, extra_entries: list[WorkerEntry] | None = None, **settings: Any
+        workers: list[FakeWorker] | None = None,
+        extra_entries: list[WorkerEntry] | None = None,
+        profiler: FakeProfiler | None = None,
+        bus_url: str | None = None,
+        **settings: Any,
     ) -> Stack:
+        """``bus_url``: where the gateway publishes (default: the test NATS server, which must be up)."""
         scheduler = FakeScheduler()
         sched_server, sched_address = await start_server(scheduler)
         cleanups.append(lambda: sched_server.stop(None))
@@ -102,13 +113,19 @@ async def make_stack(nats_server: str, tmp_path: Path) -> AsyncIterator[StackFac
             server, address = await start_server(worker)
             cleanups.append(lambda server=server: server.stop(None))
             scheduler.workers.append(WorkerEntry(worker.worker_id, address))
-        bus = EventBus(nats_server, "gateway-test")
-        assert await bus.connect()
-        await bus.ensure_stream()
+        if profiler is not None:
+            prof_server, settings["profiler_address"] = await start_server(profiler)
+            cleanups.append(lambda: prof_server.stop(None))
+        bus = EventBus(bus_url or nats_server, "gateway-test", connect_timeout_s=0.5)
+        if await bus.connect():
+            await bus.ensure_stream()
+        else:
+            assert bus_url is not None, f"the test NATS server at {nats_server} is down"
         cleanups.append(bus.close)
-        nc = await nats.connect(nats_server)
-        cleanups.append(nc.close)
-        sub = await nc.jetstream().subscribe(COMPLETIONS_SUBJECT, ordered_consumer=True, deliver_policy=DeliverPolicy.NEW)
+        reader = await nats.connect(nats_server)  # reads from the test server, whatever bus_url says
+        cleanups.append(reader.close)
+        await add_completions_stream(reader)
+        sub = await reader.jetstream().subscribe(COMPLETIONS_SUBJECT, ordered_consumer=True, deliver_policy=DeliverPolicy.NEW)
         config: dict[str, Any] = {
             "host": "127.0.0.1",
             "gateway_port": 0,

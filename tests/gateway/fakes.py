@@ -1,4 +1,4 @@
-"""In-process stand-ins for the scheduler and a worker: real grpc.aio servers with scripted behaviour.
+"""In-process stand-ins for the scheduler, a worker and the profiler: real grpc.aio servers with scripted behaviour.
 
 They record what the gateway sent them, so tests can assert on calls (and on the absence of calls).
 """
@@ -13,6 +13,8 @@ import grpc
 
 from clairvoyant.contracts.v1 import (
     common_pb2,
+    profiler_pb2,
+    profiler_pb2_grpc,
     scheduler_pb2,
     scheduler_pb2_grpc,
     worker_pb2,
@@ -127,6 +129,24 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
             raise
 
 
+ANNOTATIONS = common_pb2.SysAnnotations(
+    predicted_output_len=common_pb2.LengthInterval(p50=10, p99=40), confidence=common_pb2.CONFIDENCE_HIGH
+)
+
+
+@dataclass
+class FakeProfiler(profiler_pb2_grpc.ProfilerServicer):
+    """Answers Annotate with fixed predictions, after ``delay_s`` (past the gateway's deadline: ignored)."""
+
+    delay_s: float = 0.0
+    calls: list[profiler_pb2.AnnotateRequest] = field(default_factory=list)
+
+    async def Annotate(self, request, context):  # noqa: N802
+        self.calls.append(request)
+        await asyncio.sleep(self.delay_s)
+        return profiler_pb2.AnnotateResponse(annotations=ANNOTATIONS)
+
+
 async def start_server(*servicers: object) -> tuple[grpc.aio.Server, str]:
     server = grpc.aio.server()
     for servicer in servicers:
@@ -134,6 +154,8 @@ async def start_server(*servicers: object) -> tuple[grpc.aio.Server, str]:
             scheduler_pb2_grpc.add_SchedulerServicer_to_server(servicer, server)
         elif isinstance(servicer, FakeWorker):
             worker_pb2_grpc.add_WorkerServicer_to_server(servicer, server)
+        elif isinstance(servicer, FakeProfiler):
+            profiler_pb2_grpc.add_ProfilerServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     return server, f"127.0.0.1:{port}"

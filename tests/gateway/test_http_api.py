@@ -9,7 +9,7 @@ import pytest
 
 from clairvoyant.contracts.v1 import common_pb2
 from tests.gateway.conftest import Stack, StackFactory
-from tests.gateway.fakes import MODEL, FakeWorker
+from tests.gateway.fakes import ANNOTATIONS, MODEL, FakeProfiler, FakeWorker
 
 pytestmark = pytest.mark.integration
 
@@ -195,3 +195,25 @@ async def test_models_health_ready_and_metrics(make_stack: StackFactory) -> None
         assert not_ready.status_code == 503 and "no worker" in not_ready.json()["reason"]
     listed = await stack.openai().models.list()
     assert listed.data == []
+
+
+async def test_profiler_annotations_flow_to_scheduler_worker_and_echo(make_stack: StackFactory) -> None:
+    profiler = FakeProfiler()
+    stack = await make_stack(profiler=profiler, profiler_timeout_s=2.0)
+    body = {"model": MODEL, "messages": CHAT, "app_metadata": META, "echo_annotations": True}
+    async with httpx.AsyncClient(base_url=stack.url) as http:
+        reply = (await http.post("/v1/chat/completions", json=body)).json()
+    assert reply["annotations"] == {"predicted_output_len": {"p50": 10.0, "p99": 40.0}, "confidence": "CONFIDENCE_HIGH"}
+    [asked] = profiler.calls
+    assert (asked.tenant, asked.model, asked.app_metadata.agent_id) == ("default", MODEL, "engineer")
+    assert stack.scheduler.schedule_calls[0].annotations == ANNOTATIONS
+    assert stack.worker.calls[0].annotations == ANNOTATIONS
+
+
+async def test_a_slow_profiler_is_skipped(make_stack: StackFactory) -> None:
+    stack = await make_stack(profiler=FakeProfiler(delay_s=1.0), profiler_timeout_s=0.05)
+    body = {"model": MODEL, "messages": CHAT, "app_metadata": META, "echo_annotations": True}
+    async with httpx.AsyncClient(base_url=stack.url) as http:
+        reply = (await http.post("/v1/chat/completions", json=body)).json()
+    assert reply["annotations"] == {} and reply["choices"][0]["message"]["content"] == "Hello, world!"
+    assert not stack.scheduler.schedule_calls[0].HasField("annotations")

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import grpc
 import httpx
+
 from clairvoyant.bench.common import BENCHMARKS, BenchResult, percentile, progress
 from clairvoyant.contracts.v1 import (
     common_pb2,

@@ -11,6 +11,7 @@ import random
 from typing import Any
 
 import torch
+
 from clairvoyant.worker.runners.base import Tokenizer
 from clairvoyant.worker.runners.loader import load_runner, smollm2_gguf_path
 from clairvoyant.worker.runners.torch_runner import TorchRunner

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+
 from clairvoyant.bench.common import BENCHMARKS, BenchResult, median, progress
 from clairvoyant.bench.models import MODELS, SMOLLM2, load_ours, text_prompts
 from clairvoyant.worker.core.engine import EngineConfig, EngineRequest, LLMEngine

@@ -42,14 +42,26 @@ Handler = Callable[[Msg], Awaitable[None]]
 class EventBus:
     """One NATS connection per process.  Safe to use before (or without) a server."""
 
-    def __init__(self, url: str, name: str, *, connect_timeout_s: float = 2.0, outbox_limit: int = 10_000) -> None:
+    def __init__(
+        self,
+        url: str,
+        name: str,
+        *,
+        connect_timeout_s: float = 2.0,
+        outbox_limit: int = 10_000,
+        streams: dict[str, tuple[str, ...]] | None = None,
+    ) -> None:
+        """``streams``: JetStream streams (name -> subjects) this process publishes to; they are
+        created if missing on every (re)connect, before the outbox is flushed."""
         self.url = url
+        self.streams = dict(streams or {})
         self.name = name
         self.connect_timeout_s = connect_timeout_s
         self._nc: Client | None = None
         self._outbox: deque[tuple[str, bytes, dict[str, str]]] = deque(maxlen=outbox_limit)
         self._subscriptions: list[tuple[str, Handler]] = []
         self._retry_task: asyncio.Task[None] | None = None
+        self._flusher: asyncio.Task[None] | None = None
         self._flush_lock = asyncio.Lock()
 
     @property
@@ -58,6 +70,7 @@ class EventBus:
 
     async def connect(self) -> bool:
         """Try once; on failure keep retrying in the background.  Returns whether connected now."""
+        self._flusher = asyncio.create_task(self._flush_forever())
         if await self._try_connect():
             return True
         logger.warning("NATS at %s unreachable; running degraded and retrying", self.url)
@@ -66,15 +79,21 @@ class EventBus:
 
     async def _try_connect(self) -> bool:
         try:
-            self._nc = await nats.connect(
-                self.url,
-                name=self.name,
-                connect_timeout=max(1, int(self.connect_timeout_s)),
-                allow_reconnect=True,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=1,
-                reconnected_cb=self._on_reconnect,
-                disconnected_cb=self._on_disconnect,
+            # nats-py retries a failing *first* connect forever when reconnects are allowed, so
+            # the first attempt gets a hard deadline of its own.
+            self._nc = await asyncio.wait_for(
+                nats.connect(
+                    self.url,
+                    name=self.name,
+                    connect_timeout=max(1, int(self.connect_timeout_s)),
+                    allow_reconnect=True,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=1,
+                    reconnected_cb=self._on_reconnect,
+                    disconnected_cb=self._on_disconnect,
+                    error_cb=self._on_error,
+                ),
+                timeout=self.connect_timeout_s,
             )
         except (OSError, TimeoutError, nats.errors.Error) as exc:
             logger.debug("NATS connect failed: %s", exc)
@@ -82,18 +101,38 @@ class EventBus:
         logger.info("connected to NATS at %s", self.url)
         for subject, handler in self._subscriptions:
             await self._nc.subscribe(subject, cb=handler)
+        await self._ensure_streams()
         await self._flush_outbox()
         return True
+
+    async def _ensure_streams(self) -> None:
+        for name, subjects in self.streams.items():
+            try:
+                await self.ensure_stream(name, subjects)
+            except (nats.errors.Error, TimeoutError) as exc:
+                logger.warning("could not create JetStream stream %s: %s", name, exc)
+
+    async def _flush_forever(self) -> None:
+        """Records that failed (e.g. the stream was briefly missing) are retried every second."""
+        while True:
+            await asyncio.sleep(1.0)
+            if self._outbox and self.connected:
+                await self._ensure_streams()
+                await self._flush_outbox()
 
     async def _retry_forever(self) -> None:
         while not await self._try_connect():
             await asyncio.sleep(1.0)
+
+    async def _on_error(self, exc: Exception) -> None:
+        logger.debug("NATS error: %s", exc)
 
     async def _on_disconnect(self) -> None:
         logger.warning("disconnected from NATS")
 
     async def _on_reconnect(self) -> None:
         logger.info("reconnected to NATS")
+        await self._ensure_streams()
         await self._flush_outbox()
 
     async def ensure_stream(self, name: str = COMPLETIONS_STREAM, subjects: tuple[str, ...] = (COMPLETIONS_SUBJECT,)) -> None:
@@ -154,10 +193,11 @@ class EventBus:
         return self._nc
 
     async def close(self) -> None:
-        if self._retry_task is not None:
-            self._retry_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._retry_task
+        for task in (self._retry_task, self._flusher):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._nc is not None and not self._nc.is_closed:
             with contextlib.suppress(Exception):
                 await self._nc.drain()

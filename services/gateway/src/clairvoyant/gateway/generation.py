@@ -162,6 +162,15 @@ class Generation:
                     await asyncio.wait_for(self._call.code(), timeout=1.0)
                 self._call.cancel()
             await self._pipeline.scheduler.complete(self.request.request_id, self.worker_id, outcome.status)
+            logger.info(
+                "request %s %s", self.request.request_id, common_pb2.RequestStatus.Name(outcome.status),  # type: ignore[arg-type]
+                extra={
+                    "tenant": self.request.tenant, "model": self.request.model, "worker_id": self.worker_id,
+                    "endpoint": self.request.endpoint, "prompt_tokens": outcome.usage.prompt_tokens,
+                    "output_tokens": outcome.usage.completion_tokens, "recorded": self._recorded,
+                    "e2e_s": round(outcome.end_time - self.request.arrival_time, 4),
+                },
+            )
             if self._recorded:
                 await self._pipeline.publish(self.request, outcome)
                 if outcome.status == STATUS_OK:

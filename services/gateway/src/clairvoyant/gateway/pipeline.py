@@ -159,9 +159,11 @@ class Pipeline:
         with _tracer.start_as_current_span("gateway.schedule") as span:
             try:
                 placement = await self.scheduler.schedule(msg)
-            except (Unavailable, asyncio.CancelledError):
-                # Timed out, cut off or cancelled: the scheduler may have placed it all the same.
-                self.spawn(self.scheduler.complete(request.request_id, "", STATUS_CANCELLED))
+            except BaseException as exc:
+                timed_out = isinstance(exc, Unavailable) and exc.code in ("queue_timeout", "timeout")
+                if timed_out or isinstance(exc, asyncio.CancelledError):
+                    # The scheduler may have placed it at the last moment: release whatever it holds.
+                    self.spawn(self.scheduler.complete(request.request_id, "", STATUS_CANCELLED))
                 raise
             span.set_attribute("cv.worker_id", placement.worker_id)
             span.set_attribute("cv.queue_wait_s", placement.queue_wait_s)

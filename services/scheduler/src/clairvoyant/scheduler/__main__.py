@@ -8,13 +8,14 @@ import logging
 import signal
 import sys
 
+from pydantic import ValidationError
+
 from clairvoyant.core.logs import setup_logging
 from clairvoyant.core.metrics import serve_metrics
 from clairvoyant.core.telemetry import setup_tracing
 from clairvoyant.scheduler.app import SchedulerApp
 from clairvoyant.scheduler.config import SchedulerSettings
 from clairvoyant.scheduler.core import PRESETS
-from pydantic import ValidationError
 
 logger = logging.getLogger("clairvoyant.scheduler")
 

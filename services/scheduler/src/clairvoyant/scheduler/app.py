@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import logging
 
+from opentelemetry import trace
+
 from clairvoyant.contracts.v1 import scheduler_pb2, scheduler_pb2_grpc
 from clairvoyant.core.bus import WORKER_STATS_WILDCARD, EventBus
 from clairvoyant.core.clock import Clock, SystemClock
@@ -13,7 +15,6 @@ from clairvoyant.core.grpcutil import add_health, mark_serving, new_server
 from clairvoyant.scheduler.config import SchedulerSettings
 from clairvoyant.scheduler.core import GlobalScheduler
 from clairvoyant.scheduler.service import SchedulerServicer
-from opentelemetry import trace
 
 logger = logging.getLogger(__name__)
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from pydantic import Field, field_validator
+
 from clairvoyant.core.config import ServiceSettings
 from clairvoyant.scheduler.core import PRESETS
-from pydantic import Field, field_validator
 
 
 class SchedulerSettings(ServiceSettings):

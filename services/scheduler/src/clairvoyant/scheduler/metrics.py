@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from clairvoyant.core.metrics import LATENCY_BUCKETS
 from prometheus_client import Counter, Gauge, Histogram
+
+from clairvoyant.core.metrics import LATENCY_BUCKETS
 
 # status: placed | queue_full | no_workers | invalid | cancelled | failed (lost before placement)
 REQUESTS = Counter("cv_scheduler_requests_total", "Schedule calls by model and outcome", ["model", "status"])

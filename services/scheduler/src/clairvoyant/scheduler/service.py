@@ -11,6 +11,11 @@ import asyncio
 import logging
 
 import grpc
+from google.protobuf.message import DecodeError
+from nats.aio.msg import Msg
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
+
 from clairvoyant.contracts.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2
 from clairvoyant.core.clock import Clock
 from clairvoyant.core.errors import ClairvoyantError, InvalidRequest, NoWorkers, QueueFull, Unavailable
@@ -20,10 +25,6 @@ from clairvoyant.core.telemetry import tracer as get_tracer
 from clairvoyant.scheduler import convert
 from clairvoyant.scheduler import metrics as m
 from clairvoyant.scheduler.core import Decision, GlobalScheduler
-from google.protobuf.message import DecodeError
-from nats.aio.msg import Msg
-from opentelemetry import trace
-from opentelemetry.trace import Status, StatusCode
 
 logger = logging.getLogger(__name__)
 
