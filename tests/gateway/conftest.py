@@ -125,7 +125,9 @@ async def make_stack(nats_server: str, tmp_path: Path) -> AsyncIterator[StackFac
         reader = await nats.connect(nats_server)  # reads from the test server, whatever bus_url says
         cleanups.append(reader.close)
         await add_completions_stream(reader)
-        sub = await reader.jetstream().subscribe(COMPLETIONS_SUBJECT, ordered_consumer=True, deliver_policy=DeliverPolicy.NEW)
+        sub = await reader.jetstream().subscribe(
+            COMPLETIONS_SUBJECT, ordered_consumer=True, deliver_policy=DeliverPolicy.NEW
+        )
         config: dict[str, Any] = {
             "host": "127.0.0.1",
             "gateway_port": 0,

@@ -1,4 +1,4 @@
-"""In-process stand-ins for the scheduler, a worker and the profiler: real grpc.aio servers with scripted behaviour.
+"""In-process stand-ins for the scheduler, a worker and the profiler: real grpc.aio servers.
 
 They record what the gateway sent them, so tests can assert on calls (and on the absence of calls).
 """
@@ -53,8 +53,11 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
         for worker in self.workers:
             if worker.model == request.model and worker.worker_id not in request.exclude_workers:
                 return scheduler_pb2.Placement(
-                    request_id=request.request_id, worker_id=worker.worker_id, worker_address=worker.address,
-                    base_priority=1.5, queue_wait_s=0.001,
+                    request_id=request.request_id,
+                    worker_id=worker.worker_id,
+                    worker_address=worker.address,
+                    base_priority=1.5,
+                    queue_wait_s=0.001,
                 )
         await context.abort(grpc.StatusCode.UNAVAILABLE, f"no worker serves {request.model}")
 
@@ -66,7 +69,9 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
         return scheduler_pb2.SchedulerSnapshot(
             policy="fake",
             workers=[
-                scheduler_pb2.WorkerState(worker_id=w.worker_id, model=w.model, address=w.address, max_model_len=w.max_model_len)
+                scheduler_pb2.WorkerState(
+                    worker_id=w.worker_id, model=w.model, address=w.address, max_model_len=w.max_model_len
+                )
                 for w in self.workers
             ],
         )
@@ -101,9 +106,13 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
         self.metadata.append({k: v for k, v in context.invocation_metadata() if isinstance(v, str)})
         text = prompt_text(request)
         if len(text) > self.max_prompt_chars:
-            await abort(context, ContextLengthExceeded(
-                f"the prompt is {len(text)} characters; this worker takes {self.max_prompt_chars}", param="messages"
-            ))
+            await abort(
+                context,
+                ContextLengthExceeded(
+                    f"the prompt is {len(text)} characters; this worker takes {self.max_prompt_chars}",
+                    param="messages",
+                ),
+            )
         prompt_tokens = len(text.split())
         limit = request.sampling.max_tokens if request.sampling.HasField("max_tokens") else len(self.tokens)
         out = self.tokens[:limit]
@@ -113,15 +122,21 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
                     await abort(context, Unavailable("worker lost its device"))
                 if self.delay_s:
                     await asyncio.sleep(self.delay_s)
-                reply = worker_pb2.GenerateResponse(request_id=request.request_id, text=piece, token_ids=[100 + i])
+                reply = worker_pb2.GenerateResponse(
+                    request_id=request.request_id, text=piece, token_ids=[100 + i]
+                )
                 if i == 0:
                     reply.prompt_tokens = prompt_tokens
                 if i == len(out) - 1:
                     reply.finish_reason = "length" if len(out) < len(self.tokens) else "stop"
-                    reply.usage.CopyFrom(common_pb2.Usage(
-                        prompt_tokens=prompt_tokens, completion_tokens=len(out), total_tokens=prompt_tokens + len(out),
-                        cached_tokens=prompt_tokens // 2,
-                    ))
+                    reply.usage.CopyFrom(
+                        common_pb2.Usage(
+                            prompt_tokens=prompt_tokens,
+                            completion_tokens=len(out),
+                            total_tokens=prompt_tokens + len(out),
+                            cached_tokens=prompt_tokens // 2,
+                        )
+                    )
                 yield reply
             self.finished += 1
         except asyncio.CancelledError:

@@ -26,30 +26,116 @@ def chat(**fields: Any) -> dict[str, Any]:
 # (name, body, HTTP status, error.type, error.code, error.param)
 CASES: list[tuple[str, Any, int, str, str, str | None]] = [
     ("missing model", {"messages": MSG}, 400, "invalid_request_error", "missing_required_parameter", "model"),
-    ("missing messages", {"model": MODEL}, 400, "invalid_request_error", "missing_required_parameter", "messages"),
+    (
+        "missing messages",
+        {"model": MODEL},
+        400,
+        "invalid_request_error",
+        "missing_required_parameter",
+        "messages",
+    ),
     ("empty messages", chat(messages=[]), 400, "invalid_request_error", "invalid_value", "messages"),
-    ("bad role", chat(messages=[{"role": "wizard", "content": "hi"}]), 400, "invalid_request_error", "invalid_value", "messages[0].role"),
-    ("image part", chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), 400, "invalid_request_error", "invalid_value", "messages[0].content"),
+    (
+        "bad role",
+        chat(messages=[{"role": "wizard", "content": "hi"}]),
+        400,
+        "invalid_request_error",
+        "invalid_value",
+        "messages[0].role",
+    ),
+    (
+        "image part",
+        chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
+        400,
+        "invalid_request_error",
+        "invalid_value",
+        "messages[0].content",
+    ),
     ("temperature 3", chat(temperature=3), 400, "invalid_request_error", "invalid_value", "temperature"),
-    ("temperature a string", chat(temperature="0.5"), 400, "invalid_request_error", "invalid_type", "temperature"),
+    (
+        "temperature a string",
+        chat(temperature="0.5"),
+        400,
+        "invalid_request_error",
+        "invalid_type",
+        "temperature",
+    ),
     ("top_p 0", chat(top_p=0), 400, "invalid_request_error", "invalid_value", "top_p"),
     ("n 2", chat(n=2), 400, "invalid_request_error", "invalid_value", "n"),
     ("max_tokens -1", chat(max_tokens=-1), 400, "invalid_request_error", "invalid_value", "max_tokens"),
-    ("max_tokens over limit", chat(max_tokens=40_000), 400, "invalid_request_error", "invalid_value", "max_tokens"),
-    ("max_completion_tokens over limit", chat(max_completion_tokens=40_000), 400, "invalid_request_error", "invalid_value", "max_completion_tokens"),
-    ("max_tokens past context", chat(max_tokens=5000), 400, "invalid_request_error", "context_length_exceeded", "max_tokens"),
+    (
+        "max_tokens over limit",
+        chat(max_tokens=40_000),
+        400,
+        "invalid_request_error",
+        "invalid_value",
+        "max_tokens",
+    ),
+    (
+        "max_completion_tokens over limit",
+        chat(max_completion_tokens=40_000),
+        400,
+        "invalid_request_error",
+        "invalid_value",
+        "max_completion_tokens",
+    ),
+    (
+        "max_tokens past context",
+        chat(max_tokens=5000),
+        400,
+        "invalid_request_error",
+        "context_length_exceeded",
+        "max_tokens",
+    ),
     ("stream not a bool", chat(stream="yes"), 400, "invalid_request_error", "invalid_type", "stream"),
-    ("five stops", chat(stop=["a", "b", "c", "d", "e"]), 400, "invalid_request_error", "invalid_value", "stop"),
-    ("app_metadata id with a space", chat(app_metadata={**META, "agent_id": "a b"}), 400, "invalid_request_error", "invalid_app_metadata", "app_metadata.agent_id"),
-    ("app_metadata id too long", chat(app_metadata={**META, "workflow_id": "w" * 129}), 400, "invalid_request_error", "invalid_app_metadata", "app_metadata.workflow_id"),
-    ("app_metadata without agent_id", chat(app_metadata={"workflow_type_id": "wf", "workflow_id": "w1"}), 400, "invalid_request_error", "invalid_app_metadata", "app_metadata.agent_id"),
-    ("extra_body app_metadata bad", chat(extra_body={"app_metadata": {**META, "agent_id": ""}}), 400, "invalid_request_error", "invalid_app_metadata", "app_metadata.agent_id"),
+    (
+        "five stops",
+        chat(stop=["a", "b", "c", "d", "e"]),
+        400,
+        "invalid_request_error",
+        "invalid_value",
+        "stop",
+    ),
+    (
+        "app_metadata id with a space",
+        chat(app_metadata={**META, "agent_id": "a b"}),
+        400,
+        "invalid_request_error",
+        "invalid_app_metadata",
+        "app_metadata.agent_id",
+    ),
+    (
+        "app_metadata id too long",
+        chat(app_metadata={**META, "workflow_id": "w" * 129}),
+        400,
+        "invalid_request_error",
+        "invalid_app_metadata",
+        "app_metadata.workflow_id",
+    ),
+    (
+        "app_metadata without agent_id",
+        chat(app_metadata={"workflow_type_id": "wf", "workflow_id": "w1"}),
+        400,
+        "invalid_request_error",
+        "invalid_app_metadata",
+        "app_metadata.agent_id",
+    ),
+    (
+        "extra_body app_metadata bad",
+        chat(extra_body={"app_metadata": {**META, "agent_id": ""}}),
+        400,
+        "invalid_request_error",
+        "invalid_app_metadata",
+        "app_metadata.agent_id",
+    ),
     ("body not an object", [1, 2], 400, "invalid_request_error", "invalid_body", None),
     ("unknown model", chat(model="gpt-17"), 404, "not_found_error", "model_not_found", "model"),
 ]
 
 
-async def assert_refused(stack: Stack, response: httpx.Response, status: int, kind: str, code: str, param: str | None) -> None:
+async def assert_refused(
+    stack: Stack, response: httpx.Response, status: int, kind: str, code: str, param: str | None
+) -> None:
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert (error["type"], error["code"], error["param"]) == (kind, code, param)
@@ -59,7 +145,9 @@ async def assert_refused(stack: Stack, response: httpx.Response, status: int, ki
     await stack.records.assert_none()
 
 
-@pytest.mark.parametrize(("name", "body", "status", "kind", "code", "param"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("name", "body", "status", "kind", "code", "param"), CASES, ids=[c[0] for c in CASES]
+)
 async def test_refused_chat_bodies(
     stack: Stack, name: str, body: Any, status: int, kind: str, code: str, param: str | None
 ) -> None:
@@ -71,18 +159,24 @@ async def test_refused_chat_bodies(
 async def test_refused_transport_level_mistakes(make_stack: StackFactory) -> None:
     stack = await make_stack(max_request_bytes=2_000)
     async with httpx.AsyncClient(base_url=stack.url) as http:
-        bad_json = await http.post("/v1/chat/completions", content=b'{"model": ', headers={"content-type": "application/json"})
+        bad_json = await http.post(
+            "/v1/chat/completions", content=b'{"model": ', headers={"content-type": "application/json"}
+        )
         await assert_refused(stack, bad_json, 400, "invalid_request_error", "invalid_json", None)
         form = await http.post("/v1/chat/completions", data={"model": MODEL})
         await assert_refused(stack, form, 400, "invalid_request_error", "invalid_content_type", None)
-        big = await http.post("/v1/chat/completions", json=chat(messages=[{"role": "user", "content": "x" * 5_000}]))
+        big = await http.post(
+            "/v1/chat/completions", json=chat(messages=[{"role": "user", "content": "x" * 5_000}])
+        )
         await assert_refused(stack, big, 413, "invalid_request_error", "request_too_large", None)
 
         async def chunked():  # no Content-Length: the limit is enforced while reading
             for _ in range(10):
                 yield b" " * 500
 
-        streamed = await http.post("/v1/chat/completions", content=chunked(), headers={"content-type": "application/json"})
+        streamed = await http.post(
+            "/v1/chat/completions", content=chunked(), headers={"content-type": "application/json"}
+        )
         await assert_refused(stack, streamed, 413, "invalid_request_error", "request_too_large", None)
         prompts = await http.post("/v1/completions", json={"model": MODEL, "prompt": ["a", "b"]})
         await assert_refused(stack, prompts, 400, "invalid_request_error", "invalid_value", "prompt")
@@ -94,7 +188,9 @@ async def test_prompt_too_long_is_refused_by_the_worker(make_stack: StackFactory
     stack = await make_stack(workers=[FakeWorker(max_prompt_chars=10)])
     client = stack.openai()
     with pytest.raises(openai.BadRequestError) as caught:
-        await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "far too long a prompt"}])
+        await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "far too long a prompt"}]
+        )
     assert caught.value.status_code == 400
     assert caught.value.code == "context_length_exceeded" and caught.value.type == "invalid_request_error"
     await stack.records.assert_none()

@@ -19,10 +19,12 @@ BODY = {"model": MODEL, "messages": [{"role": "user", "content": "write a long s
 
 
 async def slow_stack(make_stack: StackFactory) -> Stack:
-    return await make_stack(workers=[FakeWorker(**SLOW)])  # type: ignore[arg-type]
+    return await make_stack(workers=[FakeWorker(**SLOW)])
 
 
-async def assert_cancelled(stack: Stack, stream: bool, endpoint: str = "chat.completions") -> common_pb2.CompletionRecord:
+async def assert_cancelled(
+    stack: Stack, stream: bool, endpoint: str = "chat.completions"
+) -> common_pb2.CompletionRecord:
     await asyncio.wait_for(stack.worker.cancelled.wait(), timeout=5)
     record = await stack.records.next()
     assert record.status == common_pb2.REQUEST_STATUS_CANCELLED
@@ -68,7 +70,9 @@ async def test_grpc_cancel_cancels_the_worker(make_stack: StackFactory) -> None:
     async with grpc.aio.insecure_channel(stack.grpc_address) as channel:
         stub = gateway_pb2_grpc.GatewayStub(channel)
         call = stub.ChatCompletionStream(
-            gateway_pb2.ChatCompletionRequest(model=MODEL, messages=[common_pb2.ChatMessage(role="user", content="go")])
+            gateway_pb2.ChatCompletionRequest(
+                model=MODEL, messages=[common_pb2.ChatMessage(role="user", content="go")]
+            )
         )
         first = await call.read()
         assert first.delta == " t0"

@@ -34,17 +34,24 @@ def detail(err: grpc.aio.AioRpcError) -> common_pb2.ErrorDetail:
 async def test_unary_and_streaming(stack: Stack) -> None:
     async with grpc.aio.insecure_channel(stack.grpc_address) as channel:
         stub = gateway_pb2_grpc.GatewayStub(channel)
-        reply = await stub.ChatCompletion(request(sampling=common_pb2.SamplingParams(max_tokens=3, temperature=0.0)))
+        reply = await stub.ChatCompletion(
+            request(sampling=common_pb2.SamplingParams(max_tokens=3, temperature=0.0))
+        )
         assert (reply.content, reply.finish_reason, reply.model) == ("Hello, world", "length", MODEL)
         assert reply.id.startswith("chatcmpl-") and reply.usage.completion_tokens == 3
         assert not reply.HasField("annotations")
         record = await stack.records.next()
         assert (record.endpoint, record.stream, record.tenant, record.app_metadata.agent_id) == (
-            "grpc", False, "default", "planner",
+            "grpc",
+            False,
+            "default",
+            "planner",
         )
         assert stack.worker.calls[0].sampling.temperature == 0.0
 
-        chunks = [c async for c in stub.ChatCompletionStream(request(include_usage=True, echo_annotations=True))]
+        chunks = [
+            c async for c in stub.ChatCompletionStream(request(include_usage=True, echo_annotations=True))
+        ]
         assert "".join(c.delta for c in chunks) == "Hello, world!"
         assert [c.finish_reason for c in chunks if c.HasField("finish_reason")] == ["stop"]
         assert chunks[-1].usage.total_tokens == 3 + 4 and not chunks[0].HasField("usage")
@@ -64,7 +71,10 @@ async def test_invalid_argument(make_stack: StackFactory) -> None:
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await stub.ChatCompletion(request(sampling=common_pb2.SamplingParams(temperature=3.0)))
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert (detail(caught.value).param, detail(caught.value).type) == ("temperature", "invalid_request_error")
+        assert (detail(caught.value).param, detail(caught.value).type) == (
+            "temperature",
+            "invalid_request_error",
+        )
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await stub.ChatCompletion(request(messages=[]))
         assert detail(caught.value).param == "messages"

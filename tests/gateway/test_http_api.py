@@ -28,7 +28,13 @@ def sse_payloads(raw: str) -> list[str]:
 async def test_chat_completion_publishes_a_record(stack: Stack) -> None:
     client = stack.openai()
     reply = await client.chat.completions.create(
-        model=MODEL, messages=CHAT, max_tokens=50, temperature=0.5, top_p=0.9, seed=7, stop=["END"],
+        model=MODEL,
+        messages=CHAT,
+        max_tokens=50,
+        temperature=0.5,
+        top_p=0.9,
+        seed=7,
+        stop=["END"],
         extra_body={"app_metadata": META},
     )
     assert reply.id.startswith("chatcmpl-") and len(reply.id) == len("chatcmpl-") + 32
@@ -43,8 +49,14 @@ async def test_chat_completion_publishes_a_record(stack: Stack) -> None:
     record = await stack.records.next()
     assert record.request_id == reply.id.removeprefix("chatcmpl-")
     assert record.tenant == "default"
-    assert (record.app_metadata.workflow_type_id, record.app_metadata.workflow_id, record.app_metadata.agent_id) == (
-        "coding_assistant", "session-42", "engineer",
+    assert (
+        record.app_metadata.workflow_type_id,
+        record.app_metadata.workflow_id,
+        record.app_metadata.agent_id,
+    ) == (
+        "coding_assistant",
+        "session-42",
+        "engineer",
     )
     assert (record.model, record.worker_id) == (MODEL, "worker-1")
     assert (record.prompt_tokens, record.cached_tokens, record.output_tokens) == (7, 3, 4)
@@ -56,7 +68,10 @@ async def test_chat_completion_publishes_a_record(stack: Stack) -> None:
     # What the backends were asked: the scheduler (once) and the worker, with the same request id.
     [scheduled] = stack.scheduler.schedule_calls
     assert (scheduled.request_id, scheduled.tenant, scheduled.model, scheduled.max_tokens) == (
-        record.request_id, "default", MODEL, 50,
+        record.request_id,
+        "default",
+        MODEL,
+        50,
     )
     assert scheduled.app_metadata.agent_id == "engineer" and scheduled.prompt_tokens > 0
     [generate] = stack.worker.calls
@@ -66,14 +81,19 @@ async def test_chat_completion_publishes_a_record(stack: Stack) -> None:
     assert generate.base_priority == 1.5 and generate.tenant == "default"
     [complete] = stack.scheduler.complete_calls
     assert (complete.request_id, complete.worker_id, complete.status) == (
-        record.request_id, "worker-1", common_pb2.REQUEST_STATUS_OK,
+        record.request_id,
+        "worker-1",
+        common_pb2.REQUEST_STATUS_OK,
     )
 
 
 async def test_streaming_chat_with_usage(stack: Stack) -> None:
     client = stack.openai()
     stream = await client.chat.completions.create(
-        model=MODEL, messages=CHAT, stream=True, stream_options={"include_usage": True},
+        model=MODEL,
+        messages=CHAT,
+        stream=True,
+        stream_options={"include_usage": True},
         extra_body={"app_metadata": META},
     )
     chunks = [chunk async for chunk in stream]
@@ -123,7 +143,11 @@ async def test_completions_endpoint(stack: Stack) -> None:
 
 
 async def test_app_metadata_nested_under_extra_body(stack: Stack) -> None:
-    body = {"model": MODEL, "messages": CHAT, "extra_body": {"app_metadata": {**META, "agent_id": "reviewer"}}}
+    body = {
+        "model": MODEL,
+        "messages": CHAT,
+        "extra_body": {"app_metadata": {**META, "agent_id": "reviewer"}},
+    }
     async with httpx.AsyncClient(base_url=stack.url) as http:
         r = await http.post("/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
@@ -133,7 +157,9 @@ async def test_app_metadata_nested_under_extra_body(stack: Stack) -> None:
 async def test_echo_annotations_only_when_asked(stack: Stack) -> None:
     async with httpx.AsyncClient(base_url=stack.url) as http:
         plain = await http.post("/v1/chat/completions", json={"model": MODEL, "messages": CHAT})
-        echoed = await http.post("/v1/chat/completions", json={"model": MODEL, "messages": CHAT, "echo_annotations": True})
+        echoed = await http.post(
+            "/v1/chat/completions", json={"model": MODEL, "messages": CHAT, "echo_annotations": True}
+        )
     assert "annotations" not in plain.json()
     assert echoed.json()["annotations"] == {}  # no profiler configured: the request went un-annotated
 
@@ -180,7 +206,9 @@ async def test_models_health_ready_and_metrics(make_stack: StackFactory) -> None
     async with httpx.AsyncClient(base_url=stack.url) as http:
         models = (await http.get("/v1/models")).json()
         assert models["object"] == "list"
-        assert [(m["id"], m["object"], m["max_model_len"]) for m in models["data"]] == [(MODEL, "model", 4096)]
+        assert [(m["id"], m["object"], m["max_model_len"]) for m in models["data"]] == [
+            (MODEL, "model", 4096)
+        ]
         assert (await http.get("/healthz")).json() == {"status": "ok"}
         assert (await http.get("/readyz")).status_code == 200
         await http.post("/v1/chat/completions", json={"model": MODEL, "messages": CHAT})
@@ -203,7 +231,10 @@ async def test_profiler_annotations_flow_to_scheduler_worker_and_echo(make_stack
     body = {"model": MODEL, "messages": CHAT, "app_metadata": META, "echo_annotations": True}
     async with httpx.AsyncClient(base_url=stack.url) as http:
         reply = (await http.post("/v1/chat/completions", json=body)).json()
-    assert reply["annotations"] == {"predicted_output_len": {"p50": 10.0, "p99": 40.0}, "confidence": "CONFIDENCE_HIGH"}
+    assert reply["annotations"] == {
+        "predicted_output_len": {"p50": 10.0, "p99": 40.0},
+        "confidence": "CONFIDENCE_HIGH",
+    }
     [asked] = profiler.calls
     assert (asked.tenant, asked.model, asked.app_metadata.agent_id) == ("default", MODEL, "engineer")
     assert stack.scheduler.schedule_calls[0].annotations == ANNOTATIONS

@@ -51,7 +51,10 @@ def test_cli_create_list_revoke(key_db: tuple[str, str]) -> None:
     store = KeyStore(url)
     try:
         with store.engine.connect() as conn:
-            rows = [tuple(row) for row in conn.execute(text("SELECT * FROM api_keys WHERE tenant = :t"), {"t": tenant})]
+            rows = [
+                tuple(row)
+                for row in conn.execute(text("SELECT * FROM api_keys WHERE tenant = :t"), {"t": tenant})
+            ]
         assert len(rows) == 1
         assert not any(key in str(value) for value in rows[0]), "the raw key must not be stored"
         [info] = [i for i in store.list() if i.tenant == tenant]
@@ -73,7 +76,9 @@ def test_cli_create_list_revoke(key_db: tuple[str, str]) -> None:
 
 @pytest.mark.integration
 def test_cli_refuses_a_bad_tenant(tmp_path: Path) -> None:
-    result = CliRunner().invoke(cli, ["keys", "create", "--tenant", "a b", "--database-url", f"sqlite:///{tmp_path}/k.db"])
+    result = CliRunner().invoke(
+        cli, ["keys", "create", "--tenant", "a b", "--database-url", f"sqlite:///{tmp_path}/k.db"]
+    )
     assert result.exit_code == 2 and "invalid tenant" in result.output
 
 
@@ -114,7 +119,10 @@ async def test_http_requires_keys_once_one_exists(make_stack: StackFactory, tmp_
     async with httpx.AsyncClient(base_url=stack.url) as http:
         missing = await http.post("/v1/chat/completions", json=body)
         assert missing.status_code == 401 and missing.headers["www-authenticate"] == "Bearer"
-        assert (missing.json()["error"]["type"], missing.json()["error"]["code"]) == ("authentication_error", "missing_api_key")
+        assert (missing.json()["error"]["type"], missing.json()["error"]["code"]) == (
+            "authentication_error",
+            "missing_api_key",
+        )
         assert (await http.get("/v1/models")).status_code == 401
     with pytest.raises(openai.AuthenticationError) as caught:
         await stack.openai(api_key="cv-not-a-key").chat.completions.create(**body)

@@ -43,12 +43,15 @@ def spans() -> Iterator[InMemorySpanExporter]:
     yield exporter
 
 
-async def test_trace_context_reaches_scheduler_and_worker(make_stack: StackFactory, spans: InMemorySpanExporter) -> None:
+async def test_trace_context_reaches_scheduler_and_worker(
+    make_stack: StackFactory, spans: InMemorySpanExporter
+) -> None:
     stack = await make_stack()
     trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
     async with httpx.AsyncClient(base_url=stack.url) as http:
         r = await http.post(
-            "/v1/chat/completions", json={"model": MODEL, "messages": CHAT},
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": CHAT},
             headers={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"},
         )
     assert r.status_code == 200
@@ -68,7 +71,7 @@ async def test_dead_nats_degrades_to_the_outbox(make_stack: StackFactory, tmp_pa
     bus = stack.server.gateway.pipeline.records
     depth = REGISTRY.get_sample_value("cv_bus_outbox_depth") or 0.0
     client = stack.openai()
-    first = await client.chat.completions.create(model=MODEL, messages=CHAT)  # type: ignore[arg-type]
+    first = await client.chat.completions.create(model=MODEL, messages=CHAT)
     assert first.choices[0].message.content == "Hello, world!"
     assert REGISTRY.get_sample_value("cv_bus_outbox_depth") == depth + 1
 
@@ -78,12 +81,18 @@ async def test_dead_nats_degrades_to_the_outbox(make_stack: StackFactory, tmp_pa
         await add_completions_stream(nc)
         sub = await nc.jetstream().subscribe(COMPLETIONS_SUBJECT, ordered_consumer=True)
         for _ in range(100):
-            if bus.connected:  # type: ignore[attr-defined]
+            if bus.connected:
                 break
             await asyncio.sleep(0.1)
-        second = await client.chat.completions.create(model=MODEL, messages=CHAT)  # type: ignore[arg-type]
-        ids = [common_pb2.CompletionRecord.FromString((await sub.next_msg(timeout=5)).data).request_id for _ in range(2)]
-        assert ids == [first.id.removeprefix("chatcmpl-"), second.id.removeprefix("chatcmpl-")]  # none lost, in order
+        second = await client.chat.completions.create(model=MODEL, messages=CHAT)
+        ids = [
+            common_pb2.CompletionRecord.FromString((await sub.next_msg(timeout=5)).data).request_id
+            for _ in range(2)
+        ]
+        assert ids == [
+            first.id.removeprefix("chatcmpl-"),
+            second.id.removeprefix("chatcmpl-"),
+        ]  # none lost, in order
         await nc.close()
     finally:
         server.stop()
@@ -96,13 +105,19 @@ async def test_process_serves_and_stops_on_sigterm(nats_server: str, tmp_path: P
     scheduler.workers.append(WorkerEntry(worker.worker_id, worker_address))
     http_port, grpc_port = free_port(), free_port()
     env = {
-        **os.environ, "CV_HOST": "127.0.0.1", "CV_GATEWAY_PORT": str(http_port), "CV_GATEWAY_GRPC_PORT": str(grpc_port),
-        "CV_SCHEDULER_ADDRESS": sched_address, "CV_NATS_URL": nats_server,
+        **os.environ,
+        "CV_HOST": "127.0.0.1",
+        "CV_GATEWAY_PORT": str(http_port),
+        "CV_GATEWAY_GRPC_PORT": str(grpc_port),
+        "CV_SCHEDULER_ADDRESS": sched_address,
+        "CV_NATS_URL": nats_server,
         "CV_DATABASE_URL": f"sqlite:///{tmp_path / 'var' / 'gateway.db'}",
     }
     log_path = tmp_path / "gateway.log"
     with log_path.open("wb") as log:
-        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "clairvoyant.gateway", env=env, stderr=log)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "clairvoyant.gateway", env=env, stderr=log
+        )
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{http_port}") as http:
             for _ in range(200):

@@ -41,18 +41,32 @@ def test_defaults_and_conversion() -> None:
     body = chat(
         messages=[
             {"role": "developer", "content": "rules"},
-            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}], "name": "u"},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                "name": "u",
+            },
             {"role": "assistant", "content": None},
         ],
-        stop="END", max_tokens=10, max_completion_tokens=20, user="ignored", logprobs=True,
+        stop="END",
+        max_tokens=10,
+        max_completion_tokens=20,
+        user="ignored",
+        logprobs=True,
     )
-    req = to_request(body, tenant="t", endpoint="chat.completions", request_id="r", arrival_time=1.0, max_tokens_limit=100)
+    req = to_request(
+        body, tenant="t", endpoint="chat.completions", request_id="r", arrival_time=1.0, max_tokens_limit=100
+    )
     assert [(t.role, t.content, t.name) for t in req.chat or ()] == [
-        ("system", "rules", None), ("user", "ab", "u"), ("assistant", "", None),
+        ("system", "rules", None),
+        ("user", "ab", "u"),
+        ("assistant", "", None),
     ]
     assert req.sampling == Sampling(max_tokens=20, stop=("END",))  # max_completion_tokens wins
     assert (req.stream, req.echo_annotations, req.app_metadata) == (False, False, None)
-    plain = to_request(chat(), tenant="t", endpoint="grpc", request_id="r", arrival_time=1.0, max_tokens_limit=100)
+    plain = to_request(
+        chat(), tenant="t", endpoint="grpc", request_id="r", arrival_time=1.0, max_tokens_limit=100
+    )
     assert plain.sampling.max_tokens is None  # the pipeline picks the default for the model
 
 
@@ -88,7 +102,9 @@ def test_extra_body_nesting_and_precedence() -> None:
 def test_refusals_name_the_parameter(fields: dict[str, Any], param: str) -> None:
     with pytest.raises(InvalidRequest) as caught:
         body = chat(**fields)
-        to_request(body, tenant="t", endpoint="chat.completions", request_id="r", arrival_time=0, max_tokens_limit=9)
+        to_request(
+            body, tenant="t", endpoint="chat.completions", request_id="r", arrival_time=0, max_tokens_limit=9
+        )
     assert caught.value.param == param and caught.value.http_status == 400
 
 
@@ -142,8 +158,22 @@ async def test_model_catalog_caches_and_resolves() -> None:
 
 
 def test_build_record() -> None:
-    body = chat(app_metadata={"workflow_type_id": "wf", "workflow_id": "w", "agent_id": "a", "parent_request_ids": ["p1"]})
-    req = to_request(body, tenant="acme", endpoint="chat.completions", request_id="r1", arrival_time=10.0, max_tokens_limit=9)
+    body = chat(
+        app_metadata={
+            "workflow_type_id": "wf",
+            "workflow_id": "w",
+            "agent_id": "a",
+            "parent_request_ids": ["p1"],
+        }
+    )
+    req = to_request(
+        body,
+        tenant="acme",
+        endpoint="chat.completions",
+        request_id="r1",
+        arrival_time=10.0,
+        max_tokens_limit=9,
+    )
     assert req.app_metadata == AppMetadata("wf", "w", "a", parent_request_ids=("p1",))
     outcome = Outcome(STATUS_OK, "w-1", TokenUsage(5, 3, 2), 10.5, 10.7, 11.0, "stop")
     record = build_record(req, outcome)
@@ -165,7 +195,11 @@ def test_settings(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CV_GATEWAY_PORT", "8123")
     monkeypatch.delenv("CV_DATABASE_URL", raising=False)
     settings = GatewaySettings()
-    assert (settings.gateway_port, settings.gateway_grpc_port, settings.max_tokens_limit) == (8123, 50050, 32768)
+    assert (settings.gateway_port, settings.gateway_grpc_port, settings.max_tokens_limit) == (
+        8123,
+        50050,
+        32768,
+    )
     assert str(settings.sqlite_path()) == "var/gateway.db"
     assert GatewaySettings(database_url="postgresql+psycopg://u@h/db").sqlite_path() is None
     with pytest.raises(ValueError):

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 # Imported for their registrations in BENCHMARKS.
-from clairvoyant.bench import engine_throughput, gateway_overhead, prefix_ttft  # noqa: F401
+from clairvoyant.bench import engine_throughput, gateway_breakdown, gateway_overhead, prefix_ttft  # noqa: F401
 from clairvoyant.bench.common import BENCHMARKS, RESULTS_DIR, load_average, progress, report
 
 

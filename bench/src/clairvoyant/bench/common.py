@@ -108,9 +108,14 @@ def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A Markdown table (readable in a terminal, pasteable into docs/benchmarks.md)."""
     cells = [[_cell(v) for v in row] for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    # Text columns read best left-aligned, numbers right-aligned (Markdown's "---:").
+    numeric = [all(isinstance(row[i], int | float) for row in rows) for i in range(len(columns))]
     line = "| " + " | ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)) + " |"
-    rule = "| " + " | ".join("-" * w for w in widths) + " |"
-    body = ["| " + " | ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) + " |" for r in cells]
+    rule = "| " + " | ".join("-" * (w - 1) + (":" if n else "-") for w, n in zip(widths, numeric, strict=True)) + " |"
+    body = [
+        "| " + " | ".join(v.rjust(w) if n else v.ljust(w) for v, w, n in zip(r, widths, numeric, strict=True)) + " |"
+        for r in cells
+    ]
     return "\n".join([line, rule, *body])
 
 

@@ -45,7 +45,8 @@ MESSAGES = [{"role": "user", "content": "Reply with one word."}]
 Send = Callable[[], Awaitable[None]]
 
 
-def start_stack(var_dir: Path, workers: int, worker_threads: int) -> Stack:
+def start_stack(var_dir: Path, workers: int, worker_threads: int, env: dict[str, str] | None = None) -> Stack:
+    """The whole stack on free ports, state under ``var_dir``; ``env`` goes to every service."""
     config = StackConfig(
         var_dir=var_dir,
         model=MODEL,
@@ -56,7 +57,7 @@ def start_stack(var_dir: Path, workers: int, worker_threads: int) -> Stack:
         scheduler_metrics_port=free_port(),
         worker_grpc_base=free_port(),
         worker_http_base=free_port(),
-        env={"CV_LOG_LEVEL": "WARNING", "CV_DATABASE_URL": f"sqlite:///{var_dir / 'gateway.db'}"},
+        env={"CV_LOG_LEVEL": "WARNING", "CV_DATABASE_URL": f"sqlite:///{var_dir / 'gateway.db'}", **(env or {})},
         worker_env={"CV_TORCH_THREADS": str(worker_threads)},
     )
     return Stack(config).start(ready_timeout=180)
@@ -203,7 +204,7 @@ class GatewayOverhead:
             summary[f"added_p50_ms_{proto}"] = p50[gateway] - p50[direct]
             summary[f"added_p99_ms_{proto}"] = p99[gateway] - p99[direct]
         summary["goal_added_p50_ms"] = GOAL_ADDED_P50_MS
-        summary["goal_met_HTTP"] = bool(float(summary["added_p50_ms_HTTP"]) <= GOAL_ADDED_P50_MS)  # type: ignore[arg-type]
+        summary["goal_met_HTTP"] = p50["gateway HTTP"] - p50["worker HTTP (direct)"] <= GOAL_ADDED_P50_MS
         summary["worst_send_lag_ms"] = worst_lag * 1e3
         notes = [
             "added = gateway minus direct, same protocol, same percentile",

@@ -6,6 +6,8 @@ it without importing the package, and HF transformers reads the very same file.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import random
 from typing import Any
@@ -45,7 +47,9 @@ def load_hf(model: str) -> Any | None:
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     gguf = smollm2_gguf_path()
-    hf_model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    # Its GGUF de-quantisation progress bar (plain tqdm, on stderr) would bury our progress lines.
+    with contextlib.redirect_stderr(io.StringIO()):
+        hf_model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     return hf_model.eval()
 
 

@@ -96,6 +96,7 @@ class PrefixTtft:
         base = median([t.seconds for t in cases["uncached"]])
         rows: list[list[object]] = []
         summary: dict[str, object] = {}
+        ratios: list[float] = []
         for case, runs in cases.items():
             seconds = [t.seconds for t in runs]
             ratio = base / median(seconds)
@@ -104,8 +105,9 @@ class PrefixTtft:
             if case != "uncached":
                 key = "ratio_same_prompt" if "same" in case else "ratio_shared_prefix"
                 summary[key] = ratio
+                ratios.append(ratio)
         summary["goal_ratio"] = GOAL_RATIO
-        summary["goal_met"] = all(float(v) >= GOAL_RATIO for k, v in summary.items() if k.startswith("ratio_"))
+        summary["goal_met"] = min(ratios) >= GOAL_RATIO
         notes = [
             f"median of {args.repeats} repeats; the uncached row is the baseline of every ratio",
             f"the shared-prefix prompts are {args.suffix_len} tokens longer than the uncached ones "

@@ -85,7 +85,11 @@ class Authenticator:
             await self.refresh()
         token = bearer_token(authorization)
         key_hash = hash_key(token) if token else None
-        if key_hash is not None and key_hash not in self._tenants and self._now() - self._loaded_at >= MISS_REFRESH_S:
+        if (
+            key_hash is not None
+            and key_hash not in self._tenants
+            and self._now() - self._loaded_at >= MISS_REFRESH_S
+        ):
             await self.refresh()
         if key_hash is not None and key_hash in self._tenants:
             return self._tenants[key_hash]

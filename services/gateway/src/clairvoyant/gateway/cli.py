@@ -13,17 +13,20 @@ import typer
 from clairvoyant.gateway.config import GatewaySettings
 from clairvoyant.gateway.keys import KeyInfo, KeyStore
 
-app = typer.Typer(add_completion=False, help="Clairvoyant gateway: OpenAI-compatible HTTP and gRPC front door.")
+app = typer.Typer(
+    add_completion=False, help="Clairvoyant gateway: OpenAI-compatible HTTP and gRPC front door."
+)
 keys_app = typer.Typer(add_completion=False, help="Manage API keys (each maps to a tenant).")
 app.add_typer(keys_app, name="keys")
 
 DatabaseUrl = Annotated[
-    str | None, typer.Option("--database-url", help="SQLAlchemy URL (default: $CV_DATABASE_URL or the settings default)")
+    str | None,
+    typer.Option("--database-url", help="SQLAlchemy URL (default: $CV_DATABASE_URL or the settings default)"),
 ]
 
 
 def _store(database_url: str | None) -> KeyStore:
-    return KeyStore(database_url or GatewaySettings().database_url)
+    return KeyStore(database_url or GatewaySettings.from_env().database_url)
 
 
 def create_key(database_url: str | None, tenant: str) -> tuple[str, KeyInfo]:
@@ -62,11 +65,14 @@ def serve() -> None:
     """Serve HTTP and gRPC until SIGINT/SIGTERM (the default command)."""
     from clairvoyant.gateway.server import run  # uvicorn and grpc only when serving
 
-    run(GatewaySettings())
+    run(GatewaySettings.from_env())
 
 
 @keys_app.command("create")
-def keys_create(tenant: Annotated[str, typer.Option("--tenant", help="tenant the key acts for")], database_url: DatabaseUrl = None) -> None:
+def keys_create(
+    tenant: Annotated[str, typer.Option("--tenant", help="tenant the key acts for")],
+    database_url: DatabaseUrl = None,
+) -> None:
     """Create a key and print it once (only its hash is stored)."""
     try:
         key, info = create_key(database_url, tenant)
@@ -85,7 +91,10 @@ def keys_list(database_url: DatabaseUrl = None) -> None:
 
 
 @keys_app.command("revoke")
-def keys_revoke(prefix: Annotated[str, typer.Argument(help="the key's 8-character prefix, or the whole key")], database_url: DatabaseUrl = None) -> None:
+def keys_revoke(
+    prefix: Annotated[str, typer.Argument(help="the key's 8-character prefix, or the whole key")],
+    database_url: DatabaseUrl = None,
+) -> None:
     """Revoke a key; a running gateway refuses it within CV_KEY_REFRESH_S seconds."""
     try:
         info = revoke_key(database_url, prefix)

@@ -37,13 +37,15 @@ def has_detail(err: grpc.aio.AioRpcError) -> bool:
 
 
 def rpc_error(err: grpc.aio.AioRpcError, what: str) -> ClairvoyantError:
-    """The typed error behind ``err``; transport failures get a message naming ``what`` failed."""
+    """The typed error behind ``err``.  Transport failures name ``what`` failed but keep gRPC's
+    details (internal addresses) out of the message, which clients see; they go to the log."""
     if has_detail(err):
         return from_rpc_error(err)
+    logger.debug("%s failed: %s %s", what, err.code().name, err.details())
     if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return Unavailable(f"{what} timed out", code="timeout")
+        return Unavailable(f"the {what} timed out", code="timeout")
     if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN):
-        return Unavailable(f"{what} unavailable: {err.details()}")
+        return Unavailable(f"the {what} is unavailable; retry shortly")
     return from_rpc_error(err)
 
 
@@ -68,9 +70,9 @@ class SchedulerClient:
             raise rpc_error(err, "scheduler") from None
         return placement
 
-    async def complete(self, request_id: str, worker_id: str, status: int) -> None:
+    async def complete(self, request_id: str, worker_id: str, status: common_pb2.RequestStatus) -> None:
         """Releases a placement.  Never raises: the scheduler also reaps placements of dead calls."""
-        request = scheduler_pb2.CompleteRequest(request_id=request_id, worker_id=worker_id, status=status)  # type: ignore[arg-type]
+        request = scheduler_pb2.CompleteRequest(request_id=request_id, worker_id=worker_id, status=status)
         try:
             await self._stub.Complete(request, timeout=5.0, metadata=grpc_metadata())
         except grpc.aio.AioRpcError as err:
@@ -82,7 +84,7 @@ class SchedulerClient:
                 scheduler_pb2.SnapshotRequest(), timeout=timeout_s
             )
         except grpc.aio.AioRpcError as err:
-            raise rpc_error(err, f"scheduler at {self.address}") from None
+            raise rpc_error(err, "scheduler") from None
         return snap
 
     async def close(self) -> None:
@@ -102,26 +104,34 @@ class WorkerPool:
         stub = worker_pb2_grpc.WorkerStub(chan)
         return stub.Generate(request, metadata=grpc_metadata())
 
-    async def forget(self, address: str) -> None:
-        """Drop a channel after the worker failed: a fresh one skips gRPC's reconnect back-off."""
-        chan = self._channels.pop(address, None)
-        if chan is not None:
+    async def forget_if_broken(self, address: str) -> None:
+        """Drop the channel to a worker that cannot be reached, so that the next request to that
+        address (a restarted worker) starts afresh instead of waiting out gRPC's reconnect back-off.
+        A channel that still works is kept: other requests may be streaming over it."""
+        chan = self._channels.get(address)
+        if chan is not None and chan.get_state() == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+            del self._channels[address]
+            await chan.close(grace=None)
+
+    async def close(self) -> None:
+        channels, self._channels = list(self._channels.values()), {}
+        for chan in channels:
             with contextlib.suppress(Exception):
                 await chan.close(grace=None)
 
-    async def close(self) -> None:
-        for address in list(self._channels):
-            await self.forget(address)
-
 
 class Annotator(Protocol):
-    async def annotate(self, request: GenerationRequest, prompt_tokens: int) -> common_pb2.SysAnnotations | None:
+    async def annotate(
+        self, request: GenerationRequest, prompt_tokens: int
+    ) -> common_pb2.SysAnnotations | None:
         """The profiler's predictions, or None (the request continues un-annotated).  Never raises."""
         ...
 
 
 class NoAnnotator:
-    async def annotate(self, request: GenerationRequest, prompt_tokens: int) -> common_pb2.SysAnnotations | None:
+    async def annotate(
+        self, request: GenerationRequest, prompt_tokens: int
+    ) -> common_pb2.SysAnnotations | None:
         return None
 
 
@@ -133,7 +143,9 @@ class ProfilerAnnotator:
         self._channel = channel(address)
         self._stub = profiler_pb2_grpc.ProfilerStub(self._channel)
 
-    async def annotate(self, request: GenerationRequest, prompt_tokens: int) -> common_pb2.SysAnnotations | None:
+    async def annotate(
+        self, request: GenerationRequest, prompt_tokens: int
+    ) -> common_pb2.SysAnnotations | None:
         if request.app_metadata is None:
             return None  # nothing to look up: the profiler keys everything by workflow and agent
         msg = profiler_pb2.AnnotateRequest(

@@ -11,22 +11,47 @@ from clairvoyant.core.config import ServiceSettings
 
 
 class GatewaySettings(ServiceSettings):
-    gateway_port: int = Field(8000, ge=0, le=65535, description="OpenAI-compatible HTTP API")
-    gateway_grpc_port: int = Field(50050, ge=0, le=65535, description="Gateway gRPC service; 0 disables it")
-    scheduler_address: str = Field("127.0.0.1:50051", min_length=1, description="host:port of the scheduler")
-    profiler_address: str = Field("", description="host:port of the profiler; empty: requests go un-annotated")
-    profiler_timeout_s: float = Field(0.02, gt=0, description="Annotate deadline; past it the request goes on")
-    database_url: str = Field("sqlite:///var/gateway.db", description="API keys (SQLAlchemy URL)")
-    max_request_bytes: int = Field(1_048_576, gt=0, description="larger bodies get 413")
-    max_tokens_limit: int = Field(32768, gt=0, description="the largest max_tokens a request may ask for")
-    default_max_tokens: int = Field(256, gt=0, description="max_tokens when a request sets none")
-    schedule_timeout_s: float = Field(300.0, gt=0, description="longest wait in the scheduler's queue")
-    require_api_key: bool | None = Field(
-        None, description="None (auto): keys are required iff a key was ever created (revoked ones count)"
+    gateway_port: int = Field(
+        default=8000, ge=0, le=65535, description="OpenAI-compatible HTTP API; 0 picks a free port"
     )
-    key_refresh_s: float = Field(5.0, gt=0, description="how often the in-memory key cache reloads (revocations)")
-    model_cache_s: float = Field(1.0, ge=0, description="how long a scheduler Snapshot answers /v1/models")
-    shutdown_grace_s: float = Field(10.0, ge=0, description="time in-flight requests get on SIGTERM")
+    gateway_grpc_port: int = Field(
+        default=50050, ge=0, le=65535, description="Gateway gRPC service; 0 picks a free port"
+    )
+    scheduler_address: str = Field(
+        default="127.0.0.1:50051", min_length=1, description="host:port of the scheduler"
+    )
+    profiler_address: str = Field(
+        default="", description="host:port of the profiler; empty: requests go un-annotated"
+    )
+    profiler_timeout_s: float = Field(
+        default=0.02, gt=0, description="Annotate deadline; past it the request goes on"
+    )
+    database_url: str = Field(default="sqlite:///var/gateway.db", description="API keys (SQLAlchemy URL)")
+    max_request_bytes: int = Field(default=1_048_576, gt=0, description="larger bodies get 413")
+    max_tokens_limit: int = Field(
+        default=32768, gt=0, description="the largest max_tokens a request may ask for"
+    )
+    default_max_tokens: int = Field(default=256, gt=0, description="max_tokens when a request sets none")
+    schedule_timeout_s: float = Field(
+        default=300.0, gt=0, description="longest wait in the scheduler's queue"
+    )
+    require_api_key: bool | None = Field(
+        default=None,
+        description="None (auto): keys are required iff a key was ever created (revoked ones count)",
+    )
+    key_refresh_s: float = Field(
+        default=5.0, gt=0, description="how often the in-memory key cache reloads (revocations)"
+    )
+    model_cache_s: float = Field(
+        default=1.0, ge=0, description="how long a scheduler Snapshot answers /v1/models"
+    )
+    shutdown_grace_s: float = Field(default=10.0, ge=0, description="time in-flight requests get on SIGTERM")
+
+    @classmethod
+    def from_env(cls) -> GatewaySettings:
+        """Defaults overridden by CV_* variables.  (``**{}`` because mypy does not see the defaults
+        of core's ``ServiceSettings``, declared as positional ``Field(...)`` arguments.)"""
+        return cls(**{})
 
     @model_validator(mode="after")
     def _check(self) -> GatewaySettings:

@@ -25,8 +25,8 @@ logger = logging.getLogger(__name__)
 
 
 class Generation:
-    """Made by ``Pipeline.start`` once the worker's first message is in (so every refusal of the
-    request has already been raised).  Iterate ``deltas()`` once, then always ``close()``.
+    """Returned by ``Pipeline.start`` once the worker's first message is in (so every refusal of
+    the request has already been raised).  Iterate ``deltas()`` once, then always ``close()``.
 
     ``close()`` is idempotent and safe to call from a cancelled task: it cancels the worker call
     at once (freeing the sequence's KV blocks) and finishes the rest -- releasing the placement
@@ -100,7 +100,12 @@ class Generation:
     def result(self, text: str) -> CompletionResult:
         assert self.finish_reason is not None, "result() is for a generation that finished"
         return CompletionResult(
-            self.request.request_id, self.request.model, self.created, text, self.finish_reason, self.usage,
+            self.request.request_id,
+            self.request.model,
+            self.created,
+            text,
+            self.finish_reason,
+            self.usage,
             self.annotations,
         )
 
@@ -117,7 +122,9 @@ class Generation:
             self._prompt_tokens = msg.prompt_tokens
         if (msg.text or msg.token_ids) and not self._first_token_time:
             self._first_token_time = self._pipeline.now()
-            metrics.TTFT.labels(self.request.endpoint).observe(self._first_token_time - self.request.arrival_time)
+            metrics.TTFT.labels(self.request.endpoint).observe(
+                self._first_token_time - self.request.arrival_time
+            )
             self._attempt_span.add_event("first_token")
         self._tokens_seen += len(msg.token_ids)
         if msg.HasField("usage"):
@@ -163,11 +170,17 @@ class Generation:
                 self._call.cancel()
             await self._pipeline.scheduler.complete(self.request.request_id, self.worker_id, outcome.status)
             logger.info(
-                "request %s %s", self.request.request_id, common_pb2.RequestStatus.Name(outcome.status),  # type: ignore[arg-type]
+                "request %s %s",
+                self.request.request_id,
+                common_pb2.RequestStatus.Name(outcome.status),
                 extra={
-                    "tenant": self.request.tenant, "model": self.request.model, "worker_id": self.worker_id,
-                    "endpoint": self.request.endpoint, "prompt_tokens": outcome.usage.prompt_tokens,
-                    "output_tokens": outcome.usage.completion_tokens, "recorded": self._recorded,
+                    "tenant": self.request.tenant,
+                    "model": self.request.model,
+                    "worker_id": self.worker_id,
+                    "endpoint": self.request.endpoint,
+                    "prompt_tokens": outcome.usage.prompt_tokens,
+                    "output_tokens": outcome.usage.completion_tokens,
+                    "recorded": self._recorded,
                     "e2e_s": round(outcome.end_time - self.request.arrival_time, 4),
                 },
             )
@@ -183,7 +196,7 @@ class Generation:
         finally:
             spans = [self._attempt_span, self._request_span] if self.owns_request else [self._attempt_span]
             for span in spans:
-                span.set_attribute("cv.status", common_pb2.RequestStatus.Name(outcome.status))  # type: ignore[arg-type]
+                span.set_attribute("cv.status", common_pb2.RequestStatus.Name(outcome.status))
                 span.set_attribute("cv.output_tokens", outcome.usage.completion_tokens)
                 if self._error is not None:
                     span.set_status(trace.Status(trace.StatusCode.ERROR, self._error.message))

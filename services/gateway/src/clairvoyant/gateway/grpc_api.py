@@ -64,7 +64,11 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         tenant = await self.deps.auth.authenticate(authorization if isinstance(authorization, str) else None)
         body = validate_body(body_of(request, stream), ChatCompletionBody)
         return to_request(
-            body, tenant=tenant, endpoint="grpc", request_id=uuid.uuid4().hex, arrival_time=arrival,
+            body,
+            tenant=tenant,
+            endpoint="grpc",
+            request_id=uuid.uuid4().hex,
+            arrival_time=arrival,
             max_tokens_limit=self.deps.settings.max_tokens_limit,
         )
 
@@ -82,8 +86,12 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             raise
         REQUESTS.labels("grpc", "OK").inc()
         reply = gateway_pb2.ChatCompletionResponse(
-            id=f"chatcmpl-{result.request_id}", model=result.model, created=result.created, content=result.text,
-            finish_reason=result.finish_reason, usage=result.usage.to_proto(),
+            id=f"chatcmpl-{result.request_id}",
+            model=result.model,
+            created=result.created,
+            content=result.text,
+            finish_reason=result.finish_reason,
+            usage=result.usage.to_proto(),
         )
         if req.echo_annotations:
             reply.annotations.CopyFrom(result.annotations or common_pb2.SysAnnotations())
@@ -103,10 +111,15 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         try:
             async for text in generation.deltas():
                 await context.write(
-                    gateway_pb2.ChatCompletionChunk(id=chunk_id, model=req.model, created=generation.created, delta=text)
+                    gateway_pb2.ChatCompletionChunk(
+                        id=chunk_id, model=req.model, created=generation.created, delta=text
+                    )
                 )
             last = gateway_pb2.ChatCompletionChunk(
-                id=chunk_id, model=req.model, created=generation.created, finish_reason=generation.finish_reason or "stop"
+                id=chunk_id,
+                model=req.model,
+                created=generation.created,
+                finish_reason=generation.finish_reason or "stop",
             )
             if request.include_usage:
                 last.usage.CopyFrom(generation.usage.to_proto())

@@ -56,7 +56,9 @@ async def read_json(request: Request, limit: int) -> object:
     """The decoded JSON body; 400 for a wrong content type or bad JSON, 413 past ``limit`` bytes."""
     media = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     if media != "application/json":
-        raise InvalidRequest(f"Content-Type must be application/json, not {media!r}", code="invalid_content_type")
+        raise InvalidRequest(
+            f"Content-Type must be application/json, not {media!r}", code="invalid_content_type"
+        )
     too_large = PayloadTooLarge(f"the request body exceeds {limit} bytes")
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
@@ -127,9 +129,15 @@ def create_app(settings: GatewaySettings, deps: Gateway) -> FastAPI:
         tenant = await deps.auth.authenticate(request.headers.get("authorization"))
         raw = await read_json(request, settings.max_request_bytes)
         chat = endpoint == "chat.completions"
-        body = validate_body(raw, ChatCompletionBody if chat else CompletionBody)
+        body: ChatCompletionBody | CompletionBody = (
+            validate_body(raw, ChatCompletionBody) if chat else validate_body(raw, CompletionBody)
+        )
         req = to_request(
-            body, tenant=tenant, endpoint=endpoint, request_id=uuid.uuid4().hex, arrival_time=arrival,
+            body,
+            tenant=tenant,
+            endpoint=endpoint,
+            request_id=uuid.uuid4().hex,
+            arrival_time=arrival,
             max_tokens_limit=settings.max_tokens_limit,
         )
         parent = extract_context(request.headers.items())  # a client's W3C traceparent, if it sent one
@@ -138,13 +146,19 @@ def create_app(settings: GatewaySettings, deps: Gateway) -> FastAPI:
             result = await until_disconnected(request, deps.pipeline.complete(req, parent))
             if result is None:
                 return Response(status_code=CLIENT_CLOSED)
-            shape = chat_completion(result, req.echo_annotations) if chat else text_completion(result, req.echo_annotations)
+            shape = (
+                chat_completion(result, req.echo_annotations)
+                if chat
+                else text_completion(result, req.echo_annotations)
+            )
             return Response(shape.model_dump_json(), media_type="application/json", headers=headers)
         generation = await deps.pipeline.start(req, parent)
         events = (chat_events if chat else text_events)(generation, body.include_usage())
         # The background close also covers a client gone before the body iterator ever started.
         return StreamingResponse(
-            events, media_type="text/event-stream", headers={**headers, **SSE_HEADERS},
+            events,
+            media_type="text/event-stream",
+            headers={**headers, **SSE_HEADERS},
             background=BackgroundTask(generation.close),
         )
 
@@ -160,7 +174,10 @@ def create_app(settings: GatewaySettings, deps: Gateway) -> FastAPI:
     async def list_models(request: Request) -> Response:
         await deps.auth.authenticate(request.headers.get("authorization"))
         models = await deps.models.models()
-        cards = [ModelCard(id=m.name, created=deps.started_at, max_model_len=m.max_model_len or None) for m in models.values()]
+        cards = [
+            ModelCard(id=m.name, created=deps.started_at, max_model_len=m.max_model_len or None)
+            for m in models.values()
+        ]
         return Response(ModelList(data=cards).model_dump_json(), media_type="application/json")
 
     @app.get("/healthz")

@@ -86,7 +86,9 @@ class KeyStore:
         """A new key for ``tenant``: (the key, to show once; what is stored about it)."""
         check_tenant(tenant)
         key = generate_key()
-        row = ApiKey(tenant=tenant, key_hash=hash_key(key), prefix=key[:DISPLAY_CHARS], created_at=datetime.now(UTC))
+        row = ApiKey(
+            tenant=tenant, key_hash=hash_key(key), prefix=key[:DISPLAY_CHARS], created_at=datetime.now(UTC)
+        )
         with Session(self.engine) as session, session.begin():
             session.add(row)
             session.flush()
@@ -125,7 +127,8 @@ class KeyStore:
             return {key_hash: tenant for key_hash, tenant in session.execute(query)}
 
     def any_key(self) -> bool:
-        """Whether a key was ever created (revoked ones count: revoking the last key must not open the gateway)."""
+        """Whether a key was ever created (revoked ones count: revoking the last one must not open the
+        gateway)."""
         with Session(self.engine) as session:
             return session.scalar(select(ApiKey.id).limit(1)) is not None
 

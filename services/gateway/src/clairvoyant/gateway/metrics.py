@@ -8,18 +8,24 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from clairvoyant.core.metrics import LATENCY_BUCKETS
 
 REQUESTS = Counter(
-    "cv_gateway_requests_total", "Requests answered, by endpoint and status (HTTP code or gRPC code)", ["endpoint", "status"]
+    "cv_gateway_requests_total",
+    "Requests answered, by endpoint and status (HTTP code or gRPC code)",
+    ["endpoint", "status"],
 )
 TTFT = Histogram(
     "cv_gateway_ttft_seconds", "From arrival to the first output token", ["endpoint"], buckets=LATENCY_BUCKETS
 )
 E2E_LATENCY = Histogram(
-    "cv_gateway_e2e_latency_seconds", "From arrival to the end of a completed request", ["endpoint"], buckets=LATENCY_BUCKETS
+    "cv_gateway_e2e_latency_seconds",
+    "From arrival to the end of a completed request",
+    ["endpoint"],
+    buckets=LATENCY_BUCKETS,
 )
 IN_FLIGHT = Gauge("cv_gateway_in_flight_requests", "Requests admitted to the pipeline and not yet finished")
 OUTPUT_TOKENS = Counter("cv_gateway_output_tokens_total", "Output tokens streamed to clients", ["model"])
 RECORDS = Counter(
-    "cv_gateway_completion_records_total", "CompletionRecords, by status and whether JetStream acked at once",
+    "cv_gateway_completion_records_total",
+    "CompletionRecords, by status and whether JetStream acked at once",
     ["status", "delivery"],
 )
 RETRIES = Counter("cv_gateway_worker_retries_total", "Requests re-placed after a worker was unavailable")

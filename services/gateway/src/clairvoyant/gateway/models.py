@@ -30,7 +30,9 @@ class ModelCatalog:
     newly registered worker still shows up almost at once.  Concurrent misses share one Snapshot.
     """
 
-    def __init__(self, scheduler: SnapshotSource, ttl_s: float = 1.0, now: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, scheduler: SnapshotSource, ttl_s: float = 1.0, now: Callable[[], float] = time.monotonic
+    ) -> None:
         self._scheduler = scheduler
         self._ttl_s = ttl_s
         self._now = now
@@ -54,7 +56,9 @@ class ModelCatalog:
         if name in models:
             return models[name]
         if not models:
-            raise NoWorkers("no worker is registered yet; retry shortly", code="no_workers", retry_after_s=1.0)
+            raise NoWorkers(
+                "no worker is registered yet; retry shortly", code="no_workers", retry_after_s=1.0
+            )
         raise ModelNotFound(
             f"the model {name!r} does not exist; available: {', '.join(sorted(models))}", param="model"
         )
@@ -68,5 +72,6 @@ class ModelCatalog:
             if worker.max_model_len:
                 lengths.setdefault(worker.model, []).append(worker.max_model_len)
         return {
-            model: ModelInfo(model, min(lengths.get(model, [0])), count) for model, count in sorted(counts.items())
+            model: ModelInfo(model, min(lengths.get(model, [0])), count)
+            for model, count in sorted(counts.items())
         }

@@ -44,7 +44,9 @@ class ChatMessageIn(_Strict):
         for i, part in enumerate(value):
             kind = part.get("type") if isinstance(part, dict) else None
             if kind != "text" or not isinstance(part.get("text"), str):
-                raise ValueError(f"part {i} must be {{'type': 'text', 'text': <string>}}; only text is supported, got {kind!r}")
+                raise ValueError(
+                    f"part {i} must be {{'type': 'text', 'text': <string>}}; only text is supported, got {kind!r}"
+                )
             texts.append(part["text"])
         return "".join(texts)
 
@@ -53,16 +55,16 @@ class _GenerationBody(_Strict):
     """Fields shared by /v1/chat/completions and /v1/completions."""
 
     model: str = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
     stop: Any = None  # a string or a list of up to four (checked below, for a clean error location)
     seed: int | None = None
     n: int | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = None
-    min_tokens: int | None = Field(None, ge=0)
+    min_tokens: int | None = Field(default=None, ge=0)
     user: str | None = None  # accepted and ignored: the tenant comes from the API key
     app_metadata: Any = None  # validated by core.app_metadata.parse_app_metadata
     echo_annotations: bool | None = None
@@ -90,11 +92,23 @@ class _GenerationBody(_Strict):
     def sampling(self, max_tokens_limit: int) -> Sampling:
         max_tokens, param = self.requested_max_tokens()
         if max_tokens is not None and max_tokens > max_tokens_limit:
-            raise InvalidRequest(f"{param} must be at most {max_tokens_limit}", param=param, code="invalid_value")
+            raise InvalidRequest(
+                f"{param} must be at most {max_tokens_limit}", param=param, code="invalid_value"
+            )
         min_tokens = self.min_tokens or 0
         if max_tokens is not None and min_tokens > max_tokens:
-            raise InvalidRequest(f"min_tokens must not exceed {param}", param="min_tokens", code="invalid_value")
-        return Sampling(max_tokens, self.temperature, self.top_p, self.seed, tuple(self.stop or ()), bool(self.ignore_eos), min_tokens)
+            raise InvalidRequest(
+                f"min_tokens must not exceed {param}", param="min_tokens", code="invalid_value"
+            )
+        return Sampling(
+            max_tokens,
+            self.temperature,
+            self.top_p,
+            self.seed,
+            tuple(self.stop or ()),
+            bool(self.ignore_eos),
+            min_tokens,
+        )
 
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
@@ -102,7 +116,7 @@ class _GenerationBody(_Strict):
 
 class ChatCompletionBody(_GenerationBody):
     messages: list[ChatMessageIn] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
 
     def requested_max_tokens(self) -> tuple[int | None, str]:
         # The newer name wins: the OpenAI SDK sends it, older clients send max_tokens.

@@ -61,7 +61,9 @@ class Pipeline:
         self.now = now  # wall clock: CompletionRecord timings are seconds since the epoch
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def start(self, request: GenerationRequest, parent: otel_context.Context | None = None) -> Generation:
+    async def start(
+        self, request: GenerationRequest, parent: otel_context.Context | None = None
+    ) -> Generation:
         metrics.IN_FLIGHT.inc()
         span = _tracer.start_span("gateway.request", context=parent, attributes=_span_attributes(request))
         try:
@@ -77,7 +79,9 @@ class Pipeline:
         generation.owns_request = True
         return generation
 
-    async def complete(self, request: GenerationRequest, parent: otel_context.Context | None = None) -> CompletionResult:
+    async def complete(
+        self, request: GenerationRequest, parent: otel_context.Context | None = None
+    ) -> CompletionResult:
         """The whole answer at once (non-streaming requests)."""
         generation = await self.start(request, parent)
         try:
@@ -89,26 +93,34 @@ class Pipeline:
     async def _place_and_open(self, request: GenerationRequest, request_span: trace.Span) -> Generation:
         model = await self.models.resolve(request.model)
         estimate = request.estimated_prompt_tokens()
-        request = replace(request, sampling=replace(request.sampling, max_tokens=self._max_tokens(request, model, estimate)))
+        request = replace(
+            request, sampling=replace(request.sampling, max_tokens=self._max_tokens(request, model, estimate))
+        )
         annotations = await self.annotator.annotate(request, estimate)
         excluded: list[str] = []
         while True:
             placement = await self._schedule(request, annotations, estimate, excluded)
             scheduled_time = self.now()
-            attempt_span = _tracer.start_span("gateway.generate", attributes={"cv.worker_id": placement.worker_id})
+            attempt_span = _tracer.start_span(
+                "gateway.generate", attributes={"cv.worker_id": placement.worker_id}
+            )
             with trace.use_span(attempt_span, end_on_exit=False):  # the worker's span joins this trace
-                call = self.workers.generate(placement.worker_address, self._generate_request(request, placement, annotations))
+                call = self.workers.generate(
+                    placement.worker_address, self._generate_request(request, placement, annotations)
+                )
             generation = Generation(
                 self, request, placement, call, annotations, scheduled_time, request_span, attempt_span
             )
             try:
                 await generation.open()
             except Unavailable:
-                await self.workers.forget(placement.worker_address)
+                await self.workers.forget_if_broken(placement.worker_address)
                 if excluded:  # the second worker failed too: an accepted request the system failed
                     await generation.close()
                     raise
-                logger.warning("worker %s unavailable for %s; re-placing", placement.worker_id, request.request_id)
+                logger.warning(
+                    "worker %s unavailable for %s; re-placing", placement.worker_id, request.request_id
+                )
                 generation.discard()
                 await generation.close()
                 excluded.append(placement.worker_id)
@@ -171,7 +183,9 @@ class Pipeline:
 
     @staticmethod
     def _generate_request(
-        request: GenerationRequest, placement: scheduler_pb2.Placement, annotations: common_pb2.SysAnnotations | None
+        request: GenerationRequest,
+        placement: scheduler_pb2.Placement,
+        annotations: common_pb2.SysAnnotations | None,
     ) -> worker_pb2.GenerateRequest:
         msg = worker_pb2.GenerateRequest(
             request_id=request.request_id,
@@ -181,7 +195,9 @@ class Pipeline:
             base_priority=placement.base_priority,
         )
         if request.chat is not None:
-            turns = [common_pb2.ChatMessage(role=t.role, content=t.content, name=t.name) for t in request.chat]
+            turns = [
+                common_pb2.ChatMessage(role=t.role, content=t.content, name=t.name) for t in request.chat
+            ]
             msg.chat.CopyFrom(worker_pb2.ChatMessages(messages=turns))
         else:
             msg.prompt = request.prompt or ""
@@ -194,7 +210,7 @@ class Pipeline:
     async def publish(self, request: GenerationRequest, outcome: Outcome) -> None:
         record = build_record(request, outcome)
         acked = await self.records.publish_durable(COMPLETIONS_SUBJECT, record.SerializeToString())
-        status = common_pb2.RequestStatus.Name(outcome.status)  # type: ignore[arg-type]
+        status = common_pb2.RequestStatus.Name(outcome.status)
         metrics.RECORDS.labels(status, "acked" if acked else "outbox").inc()
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:

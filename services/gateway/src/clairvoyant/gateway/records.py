@@ -16,7 +16,7 @@ STATUS_ERROR = common_pb2.REQUEST_STATUS_ERROR
 class Outcome:
     """How an accepted request ended, as the pipeline saw it."""
 
-    status: int  # STATUS_OK | STATUS_CANCELLED | STATUS_ERROR
+    status: common_pb2.RequestStatus  # STATUS_OK | STATUS_CANCELLED | STATUS_ERROR
     worker_id: str
     usage: TokenUsage
     scheduled_time: float  # wall clock, seconds since the epoch
@@ -42,7 +42,7 @@ def build_record(request: GenerationRequest, outcome: Outcome) -> common_pb2.Com
             end_time=outcome.end_time,
         ),
         finish_reason=outcome.finish_reason,
-        status=outcome.status,  # type: ignore[arg-type]
+        status=outcome.status,
         error_code=outcome.error_code,
         endpoint=request.endpoint,
         stream=request.stream,

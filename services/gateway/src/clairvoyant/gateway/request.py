@@ -34,7 +34,9 @@ class Sampling:
     min_tokens: int = 0
 
     def to_proto(self) -> common_pb2.SamplingParams:
-        msg = common_pb2.SamplingParams(stop=list(self.stop), ignore_eos=self.ignore_eos, min_tokens=self.min_tokens)
+        msg = common_pb2.SamplingParams(
+            stop=list(self.stop), ignore_eos=self.ignore_eos, min_tokens=self.min_tokens
+        )
         if self.max_tokens is not None:
             msg.max_tokens = self.max_tokens
         if self.temperature is not None:

@@ -54,12 +54,12 @@ class ChatCompletionOut(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: UsageOut
-    annotations: dict[str, Any] | None = Field(None, exclude_if=_unset)  # only when echo_annotations
+    annotations: dict[str, Any] | None = Field(default=None, exclude_if=_unset)  # only when echo_annotations
 
 
 class ChatDelta(BaseModel):
-    role: Literal["assistant"] | None = Field(None, exclude_if=_unset)
-    content: str | None = Field(None, exclude_if=_unset)
+    role: Literal["assistant"] | None = Field(default=None, exclude_if=_unset)
+    content: str | None = Field(default=None, exclude_if=_unset)
 
 
 class ChatChunkChoice(BaseModel):
@@ -75,8 +75,8 @@ class ChatChunkOut(BaseModel):
     created: int
     model: str
     choices: list[ChatChunkChoice]
-    usage: UsageOut | None = Field(None, exclude_if=_unset)
-    annotations: dict[str, Any] | None = Field(None, exclude_if=_unset)
+    usage: UsageOut | None = Field(default=None, exclude_if=_unset)
+    annotations: dict[str, Any] | None = Field(default=None, exclude_if=_unset)
 
 
 class TextChoice(BaseModel):
@@ -94,8 +94,8 @@ class TextCompletionOut(BaseModel):
     created: int
     model: str
     choices: list[TextChoice]
-    usage: UsageOut | None = Field(None, exclude_if=_unset)
-    annotations: dict[str, Any] | None = Field(None, exclude_if=_unset)
+    usage: UsageOut | None = Field(default=None, exclude_if=_unset)
+    annotations: dict[str, Any] | None = Field(default=None, exclude_if=_unset)
 
 
 class ModelCard(BaseModel):
@@ -103,7 +103,7 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "clairvoyant"
-    max_model_len: int | None = Field(None, exclude_if=_unset)
+    max_model_len: int | None = Field(default=None, exclude_if=_unset)
 
 
 class ModelList(BaseModel):
@@ -131,7 +131,9 @@ def chat_completion(result: CompletionResult, echo_annotations: bool) -> ChatCom
         id=chat_id(result.request_id),
         created=result.created,
         model=result.model,
-        choices=[ChatChoice(message=AssistantMessage(content=result.text), finish_reason=result.finish_reason)],
+        choices=[
+            ChatChoice(message=AssistantMessage(content=result.text), finish_reason=result.finish_reason)
+        ],
         usage=UsageOut.of(result.usage),
         annotations=annotations_dict(result.annotations) if echo_annotations else None,
     )

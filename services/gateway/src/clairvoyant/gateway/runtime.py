@@ -21,7 +21,9 @@ logger = logging.getLogger(__name__)
 class Gateway:
     """Owns the clients, key store and pipeline.  ``start`` before serving, ``aclose`` after."""
 
-    def __init__(self, settings: GatewaySettings, records: RecordSink, now: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, settings: GatewaySettings, records: RecordSink, now: Callable[[], float] = time.time
+    ) -> None:
         self.settings = settings
         self.keys = KeyStore(settings.database_url)
         self.auth = Authenticator(self.keys, settings.require_api_key, settings.key_refresh_s)

@@ -14,8 +14,9 @@ from collections.abc import Iterator
 
 import grpc
 import uvicorn
+from sqlalchemy.exc import SQLAlchemyError
 
-from clairvoyant.core.bus import EventBus
+from clairvoyant.core.bus import COMPLETIONS_STREAM, COMPLETIONS_SUBJECT, EventBus
 from clairvoyant.core.grpcutil import mark_serving
 from clairvoyant.core.logs import setup_logging
 from clairvoyant.core.telemetry import setup_tracing
@@ -60,13 +61,17 @@ class GatewayServer:
 
     async def start(self) -> None:
         await self.gateway.start()
-        self.grpc_port = self._grpc.add_insecure_port(f"{self.settings.host}:{self.settings.gateway_grpc_port}")
+        self.grpc_port = self._grpc.add_insecure_port(
+            f"{self.settings.host}:{self.settings.gateway_grpc_port}"
+        )
         await self._grpc.start()
         self._http_task = asyncio.create_task(self._http.serve())
         while not self._http.started:
             if self._http_task.done():  # e.g. the port is taken: uvicorn logged why
                 await self._grpc.stop(None)
-                raise RuntimeError(f"the HTTP server did not start on {self.settings.host}:{self.settings.gateway_port}")
+                raise RuntimeError(
+                    f"the HTTP server did not start on {self.settings.host}:{self.settings.gateway_port}"
+                )
             await asyncio.sleep(0.02)
         self.http_port = self._http.servers[0].sockets[0].getsockname()[1]
         await mark_serving(self._health, [SERVICE_NAME])
@@ -93,17 +98,23 @@ class GatewayServer:
 
 async def serve(settings: GatewaySettings) -> None:
     setup_tracing("gateway")
-    bus = EventBus(settings.nats_url, "gateway", connect_timeout_s=settings.nats_connect_timeout_s)
+    bus = EventBus(
+        settings.nats_url,
+        "gateway",
+        connect_timeout_s=settings.nats_connect_timeout_s,
+        streams={COMPLETIONS_STREAM: (COMPLETIONS_SUBJECT,)},  # (re)created on every (re)connect
+    )
+    server = GatewayServer(settings, bus)  # first: a database it cannot open stops it before NATS
     await bus.connect()  # a dead NATS degrades: records wait in the bus outbox
-    stream_task = asyncio.create_task(ensure_completions_stream(bus))
-    server = GatewayServer(settings, bus)
     loop = asyncio.get_running_loop()
     signals = 0
 
     def on_signal(signum: int) -> None:
         nonlocal signals
         signals += 1
-        logger.info("received %s; shutting down%s", signal.Signals(signum).name, " now" if signals > 1 else "")
+        logger.info(
+            "received %s; shutting down%s", signal.Signals(signum).name, " now" if signals > 1 else ""
+        )
         server.request_stop(force=signals > 1)
 
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -112,26 +123,15 @@ async def serve(settings: GatewaySettings) -> None:
         await server.start()
         await server.wait()
     finally:
-        stream_task.cancel()
         await server.stop()
         await bus.close()
         logger.info("gateway stopped")
-
-
-async def ensure_completions_stream(bus: EventBus) -> None:
-    """Create the JetStream stream for CompletionRecords as soon as NATS is reachable."""
-    while not bus.connected:
-        await asyncio.sleep(1.0)
-    try:
-        await bus.ensure_stream()
-    except Exception as exc:  # another service may own the stream's config; records still flow
-        logger.warning("could not create or update the completions stream: %s", exc)
 
 
 def run(settings: GatewaySettings) -> None:
     setup_logging("gateway", settings.log_level, settings.log_json)
     try:
         asyncio.run(serve(settings))
-    except (RuntimeError, OSError, grpc.RpcError) as exc:
+    except (RuntimeError, OSError, grpc.RpcError, SQLAlchemyError) as exc:  # e.g. port taken, database down
         logger.error("gateway failed: %s", exc)
         raise SystemExit(1) from None

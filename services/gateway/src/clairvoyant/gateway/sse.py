@@ -46,7 +46,11 @@ async def chat_events(generation: Generation, include_usage: bool) -> AsyncItera
         choice = ChatChunkChoice(delta=delta, finish_reason=finish_reason)
         return event(
             ChatChunkOut(
-                id=chat_id(request.request_id), created=generation.created, model=request.model, choices=[choice], **extra
+                id=chat_id(request.request_id),
+                created=generation.created,
+                model=request.model,
+                choices=[choice],
+                **extra,
             )
         )
 
@@ -59,7 +63,10 @@ async def chat_events(generation: Generation, include_usage: bool) -> AsyncItera
         if include_usage:
             yield event(
                 ChatChunkOut(
-                    id=chat_id(request.request_id), created=generation.created, model=request.model, choices=[],
+                    id=chat_id(request.request_id),
+                    created=generation.created,
+                    model=request.model,
+                    choices=[],
                     usage=UsageOut.of(generation.usage),
                 )
             )
@@ -78,8 +85,11 @@ async def text_events(generation: Generation, include_usage: bool) -> AsyncItera
         choice = TextChoice(text=text, finish_reason=finish_reason)
         return event(
             TextCompletionOut(
-                id=completion_id(request.request_id), created=generation.created, model=request.model,
-                choices=[choice], **extra,
+                id=completion_id(request.request_id),
+                created=generation.created,
+                model=request.model,
+                choices=[choice],
+                **extra,
             )
         )
 
@@ -91,8 +101,11 @@ async def text_events(generation: Generation, include_usage: bool) -> AsyncItera
         if include_usage:
             yield event(
                 TextCompletionOut(
-                    id=completion_id(request.request_id), created=generation.created, model=request.model,
-                    choices=[], usage=UsageOut.of(generation.usage),
+                    id=completion_id(request.request_id),
+                    created=generation.created,
+                    model=request.model,
+                    choices=[],
+                    usage=UsageOut.of(generation.usage),
                 )
             )
         yield DONE
