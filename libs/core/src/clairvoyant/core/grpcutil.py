@@ -41,8 +41,17 @@ async def abort(context: grpc.aio.ServicerContext, err: ClairvoyantError) -> NoR
     raise AssertionError("unreachable")  # context.abort raises
 
 
+# Servers must accept the clients' keep-alive pings, even on idle connections, or they answer
+# with GOAWAY "too_many_pings" and the connection is torn down.
+SERVER_OPTIONS = [
+    *CHANNEL_OPTIONS,
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_ping_strikes", 0),
+]
+
+
 def new_server() -> grpc.aio.Server:
-    return grpc.aio.server(options=CHANNEL_OPTIONS)
+    return grpc.aio.server(options=SERVER_OPTIONS)
 
 
 def channel(address: str) -> grpc.aio.Channel:

@@ -41,6 +41,15 @@ def _pick(port: int, what: str) -> int:
     return chosen
 
 
+def _die_with_parent() -> None:
+    """Linux: a service gets SIGTERM if the launcher dies, even by SIGKILL (no orphans)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 @dataclass
 class StackConfig:
     var_dir: Path = Path("var")
@@ -118,7 +127,7 @@ class Stack:
         return self
 
     def _spawn(self, name: str, module: str, env: dict[str, str]) -> None:
-        process = subprocess.Popen([sys.executable, "-m", module], env=env)
+        process = subprocess.Popen([sys.executable, "-m", module], env=env, preexec_fn=_die_with_parent)
         self.children.append((name, process))
 
     def _wait_ready(self, timeout: float) -> None:
@@ -198,7 +207,11 @@ def main(argv: list[str] | None = None) -> int:
     logger.info("ready: OpenAI-compatible API at %s/v1 (model %s, %d workers); Ctrl-C stops",
                 stack.gateway_url, config.model, config.workers)
     code = 0
+    parent = os.getppid()
     while not stopping:
+        if os.getppid() != parent:  # `make run` was killed: do not linger as an orphan
+            logger.info("parent process exited")
+            break
         dead = stack.dead_child()
         if dead:
             logger.error("%s exited; stopping the stack", dead)

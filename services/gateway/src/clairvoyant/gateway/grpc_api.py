@@ -18,7 +18,7 @@ from grpc_health.v1 import health
 
 from clairvoyant.contracts.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from clairvoyant.core.errors import ClairvoyantError
-from clairvoyant.core.grpcutil import CHANNEL_OPTIONS, abort, add_health
+from clairvoyant.core.grpcutil import SERVER_OPTIONS, abort, add_health
 from clairvoyant.core.telemetry import extract_context
 from clairvoyant.gateway.metrics import REQUESTS
 from clairvoyant.gateway.openai_api import ChatCompletionBody, to_request, validate_body
@@ -136,7 +136,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 def create_grpc_server(deps: Gateway) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
     """The gRPC server with the Gateway and grpc.health.v1 services (not started, no port yet)."""
     # A request larger than max_request_bytes is refused by gRPC itself (RESOURCE_EXHAUSTED).
-    options = [o for o in CHANNEL_OPTIONS if o[0] != "grpc.max_receive_message_length"]
+    options = [o for o in SERVER_OPTIONS if o[0] != "grpc.max_receive_message_length"]
     options.append(("grpc.max_receive_message_length", deps.settings.max_request_bytes))
     server = grpc.aio.server(options=options)
     gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayServicer(deps), server)
