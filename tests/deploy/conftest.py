@@ -8,8 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from clairvoyant.core.config import ServiceSettings
 from pydantic_settings import BaseSettings
+
+from clairvoyant.core.config import ServiceSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

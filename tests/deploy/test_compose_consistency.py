@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
+
 from clairvoyant.core.config import ServiceSettings
 
 pytestmark = pytest.mark.unit

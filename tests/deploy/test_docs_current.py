@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from clairvoyant.core.config import ServiceSettings
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
+
+from clairvoyant.core.config import ServiceSettings
 
 pytestmark = pytest.mark.unit
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import nats
 import pytest
 import yaml
+
 from clairvoyant.core.bus import EventBus
 
 pytestmark = pytest.mark.integration
