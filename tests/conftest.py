@@ -34,9 +34,7 @@ def unused_port() -> int:
     return free_port()
 
 
-@pytest.fixture
-def nats_url(tmp_path: Path) -> Iterator[str]:
-    """A fresh NATS server with JetStream; yields its URL."""
+def _nats(store: Path) -> Iterator[str]:
     if docker_available():
         from testcontainers.core.container import DockerContainer
         from testcontainers.core.waiting_utils import wait_for_logs
@@ -46,7 +44,7 @@ def nats_url(tmp_path: Path) -> Iterator[str]:
             wait_for_logs(container, "Server is ready", timeout=30)
             yield f"nats://{container.get_container_host_ip()}:{container.get_exposed_port(4222)}"
         return
-    server = NatsServer(tmp_path / "nats").start()
+    server = NatsServer(store).start()
     try:
         yield server.url
     finally:
@@ -54,6 +52,33 @@ def nats_url(tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture
-def database_url(tmp_path: Path) -> str:
-    """PostgreSQL from CV_TEST_DATABASE_URL when set, else a SQLite file."""
-    return os.environ.get("CV_TEST_DATABASE_URL") or f"sqlite:///{tmp_path / 'test.db'}"
+def nats_url(tmp_path: Path) -> Iterator[str]:
+    """A fresh NATS server with JetStream for one test; yields its URL."""
+    yield from _nats(tmp_path / "nats")
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One NATS server with JetStream shared by the session; yields its URL."""
+    yield from _nats(tmp_path_factory.mktemp("nats"))
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str | None]:
+    """A real PostgreSQL: CV_TEST_DATABASE_URL, else a testcontainers one where Docker answers,
+    else None (tests that need it skip; tests that take ``database_url`` fall back to SQLite)."""
+    if os.environ.get("CV_TEST_DATABASE_URL"):
+        yield os.environ["CV_TEST_DATABASE_URL"]
+    elif docker_available():
+        from testcontainers.postgres import PostgresContainer
+
+        with PostgresContainer("postgres:16-alpine", driver="psycopg") as container:
+            yield container.get_connection_url()
+    else:
+        yield None
+
+
+@pytest.fixture
+def database_url(postgres_url: str | None, tmp_path: Path) -> str:
+    """PostgreSQL when one is available, else a SQLite file."""
+    return postgres_url or f"sqlite:///{tmp_path / 'test.db'}"

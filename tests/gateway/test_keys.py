@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,20 +19,18 @@ from clairvoyant.gateway.keys import ApiKey, KeyStore
 from tests.gateway.conftest import StackFactory
 from tests.gateway.fakes import MODEL
 
-POSTGRES = os.environ.get("CV_TEST_DATABASE_URL")
-
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def key_db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
-    """(database URL, a tenant name unique to this test); PostgreSQL only when CV_TEST_DATABASE_URL is set."""
+def key_db(request: pytest.FixtureRequest, tmp_path: Path, postgres_url: str | None) -> Iterator[tuple[str, str]]:
+    """(database URL, a tenant name unique to this test); PostgreSQL from the shared fixture."""
     tenant = f"tenant-{uuid.uuid4().hex[:8]}"
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'nested' / 'keys.db'}", tenant  # the directory is created on demand
         return
-    if not POSTGRES:
-        pytest.skip("CV_TEST_DATABASE_URL is not set")
-    yield POSTGRES, tenant
-    store = KeyStore(POSTGRES)  # the database outlives the test: remove what it added
+    if not postgres_url:
+        pytest.skip("no PostgreSQL: set CV_TEST_DATABASE_URL or run a Docker engine")
+    yield postgres_url, tenant
+    store = KeyStore(postgres_url)  # the database outlives the test: remove what it added
     with store.engine.begin() as conn:
         conn.execute(delete(ApiKey).where(ApiKey.tenant == tenant))
     store.close()
