@@ -31,6 +31,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 
 from clairvoyant.bench.common import BENCHMARKS, BenchResult, percentile, progress
 from clairvoyant.bench.gateway_overhead import MESSAGES, MODEL, start_stack
+from clairvoyant.core.natsserver import free_port
 
 STAGES = (
     "HTTP in: client send -> gateway.request starts",
@@ -120,23 +121,24 @@ class GatewayBreakdown:
         receiver = SpanReceiver()
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        server.start()
+        port = free_port()
         env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_EXPORTER_OTLP_INSECURE": "true",
                "OTEL_BSP_SCHEDULE_DELAY": "200"}
-        try:
-            with tempfile.TemporaryDirectory(prefix="cv-bench-") as tmp:
-                progress(f"starting the stack ({MODEL}, spans exported to 127.0.0.1:{port}) ...")
-                stack = start_stack(Path(tmp), workers=2, worker_threads=1, env=env)
-                try:
-                    asyncio.run(send_all(stack.gateway_url, args.rate, 2.0))  # warm-up
-                    progress(f"measuring: {args.rate:g} req/s for {args.duration:.0f} s")
-                    timings = asyncio.run(send_all(stack.gateway_url, args.rate, args.duration))
-                    time.sleep(1.5)  # let the batch span processors flush
-                finally:
-                    stack.stop()
-        finally:
-            server.stop(0)
+        with tempfile.TemporaryDirectory(prefix="cv-bench-") as tmp:
+            progress(f"starting the stack ({MODEL}, spans exported to 127.0.0.1:{port}) ...")
+            stack = start_stack(Path(tmp), workers=2, worker_threads=1, env=env)
+            try:
+                # Only now: gRPC threads alive in this process while the stack forks its children
+                # have crashed a child at start-up ("skipping fork() handlers").
+                server.add_insecure_port(f"127.0.0.1:{port}")
+                server.start()
+                asyncio.run(send_all(stack.gateway_url, args.rate, 2.0))  # warm-up
+                progress(f"measuring: {args.rate:g} req/s for {args.duration:.0f} s")
+                timings = asyncio.run(send_all(stack.gateway_url, args.rate, args.duration))
+                time.sleep(1.5)  # let the batch span processors flush
+            finally:
+                stack.stop()
+                server.stop(0)
         by_request = {s.request_id: spans for spans in receiver.traces.values() for s in spans if s.request_id}
         matched = [row for rid, (sent, got) in timings.items()
                    if (row := stages(by_request.get(rid, []), sent, got)) is not None]
