@@ -119,6 +119,17 @@ def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join([line, rule, *body])
 
 
+def rounded(value: Any) -> Any:
+    """Floats to 3 decimals, recursively: the saved JSON stays small and its diffs readable."""
+    if isinstance(value, float):
+        return round(value, 3)
+    if isinstance(value, dict):
+        return {k: rounded(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [rounded(v) for v in value]
+    return value
+
+
 def report(result: BenchResult, out_dir: Path = RESULTS_DIR, started_load: tuple[float, ...] = ()) -> Path:
     """Print the table, summary and notes; save everything as ``<out_dir>/<name>.json``."""
     print()
@@ -141,6 +152,6 @@ def report(result: BenchResult, out_dir: Path = RESULTS_DIR, started_load: tuple
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{result.name}.json"
-    path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    path.write_text(json.dumps(rounded(payload), indent=2, default=str) + "\n")
     print(f"saved {path}")
     return path
