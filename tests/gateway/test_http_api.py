@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import json
 
 import httpx
@@ -216,6 +218,12 @@ async def test_models_health_ready_and_metrics(make_stack: StackFactory) -> None
         assert 'cv_gateway_requests_total{endpoint="chat.completions",status="200"}' in text
         assert "cv_gateway_ttft_seconds_bucket" in text and "cv_gateway_e2e_latency_seconds_bucket" in text
         assert 'cv_gateway_output_tokens_total{model="tiny-test-model"}' in text
+        # The placement is released just after the last byte, in the background.
+        for _ in range(50):
+            if "cv_gateway_in_flight_requests 0.0" in text:
+                break
+            await asyncio.sleep(0.02)
+            text = (await http.get("/metrics")).text
         assert "cv_gateway_in_flight_requests 0.0" in text
 
         stack.scheduler.workers.clear()
