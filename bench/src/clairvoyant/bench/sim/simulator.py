@@ -1,0 +1,208 @@
+"""The simulator: workflows -> global scheduler -> replica engines, in virtual time.
+
+    arrival ──> roots ready ──submit──> GlobalScheduler ──dispatch──> replica LLMEngine.add_request
+                   ^                                                        │ step (cost-model time)
+                   └── dependents ready after the tool latency <── finished ┘
+
+Each replica steps whenever it has work: ``engine.step()`` runs at the step's start and its
+outputs are delivered when the step's predicted time has elapsed.  The scheduler sees a replica's
+state after every step, as if heartbeats were instant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from clairvoyant.bench.records import CallRecord, RunRecords, WorkflowRecord
+from clairvoyant.bench.sim.events import EventQueue, Phase
+from clairvoyant.bench.sim.prompts import PromptBook
+from clairvoyant.bench.workloads.program import Call, WorkflowProgram
+from clairvoyant.core.app_metadata import AppMetadata
+from clairvoyant.scheduler.core import GlobalScheduler, QueuedRequest, WorkerReport
+from clairvoyant.worker.core.engine import EngineConfig, EngineRequest, LLMEngine, RequestOutput
+from clairvoyant.worker.core.sampling import SamplingParams
+from clairvoyant.worker.core.types import Lineage
+from clairvoyant.worker.runners.base import ModelRunner
+
+TENANT = "default"
+
+
+class SteppedRunner(ModelRunner):
+    """A runner that says how long its last ``forward`` took (in virtual seconds)."""
+
+    last_step_seconds: float
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    worker_id: str
+    runner: SteppedRunner
+    config: EngineConfig
+
+
+class _Replica:
+    def __init__(self, spec: ReplicaSpec, clock: Callable[[], float]) -> None:
+        self.worker_id = spec.worker_id
+        self.runner = spec.runner
+        self.model = spec.runner.info.name
+        self.engine = LLMEngine(spec.runner, spec.config, clock=clock)
+        self.busy = False
+
+    def report(self) -> WorkerReport:
+        stats = self.engine.stats()
+        return WorkerReport(
+            worker_id=self.worker_id, model=self.model, address=f"sim://{self.worker_id}",
+            max_batch=stats.max_num_seqs, running=stats.running, queued=stats.waiting,
+            kv_blocks_used=stats.kv_blocks_used, kv_blocks_total=stats.kv_blocks_total,
+            max_model_len=self.runner.info.max_model_len,
+        )  # fmt: skip
+
+
+class Simulator:
+    """One run: fixed replicas, one scheduling preset, a list of (arrival time, program)."""
+
+    def __init__(self, replicas: Sequence[ReplicaSpec], preset: str, *, seed: int = 0) -> None:
+        self.events = EventQueue()
+        self.replicas = {spec.worker_id: _Replica(spec, lambda: self.events.now) for spec in replicas}
+        self.scheduler = GlobalScheduler.from_preset(preset, max_queue_per_model=1_000_000)
+        self.prompts = PromptBook(seed)
+        self.records = RunRecords()
+        self._calls: dict[str, CallRecord] = {}
+        self._programs: dict[str, WorkflowProgram] = {}
+        self._workflows: dict[str, WorkflowRecord] = {}
+        self._waiting_on: dict[str, int] = {}  # call id -> unfinished dependencies
+        self._outputs: dict[str, list[int]] = {}
+        self._children: dict[str, dict[str, tuple[str, ...]]] = {}  # workflow -> call -> dependents
+        self._remaining: dict[str, int] = {}  # workflow -> calls not finished
+        self._latest: dict[str, float] = {}  # workflow -> latest call end (tool included)
+        for replica in self.replicas.values():
+            self.scheduler.update_worker(replica.report(), 0.0)
+
+    # ---- driving -------------------------------------------------------------------------------
+
+    def run(self, arrivals: Sequence[tuple[float, WorkflowProgram]]) -> RunRecords:
+        for time, program in arrivals:
+            self.events.at(time, Phase.READY, lambda p=program: self._arrive(p))
+        self.events.run()
+        unfinished = [w.workflow_id for w in self._workflows.values() if w.end_time is None]
+        if unfinished:
+            raise RuntimeError(f"{len(unfinished)} workflows never finished (e.g. {unfinished[0]})")
+        self.records.workflows = sorted(self._workflows.values(), key=lambda w: (w.arrival_time, w.workflow_id))
+        self.records.calls = sorted(self._calls.values(), key=lambda c: (c.ready_time, c.call_id))
+        self.records.preemptions = sum(r.engine.stats().preemptions_total for r in self.replicas.values())
+        first = min((w.arrival_time for w in self.records.workflows), default=0.0)
+        self.records.duration_s = self.events.now - first
+        return self.records
+
+    def _arrive(self, program: WorkflowProgram) -> None:
+        now = self.events.now
+        self._programs[program.workflow_id] = program
+        self._children[program.workflow_id] = program.dependents()
+        self._remaining[program.workflow_id] = len(program.calls)
+        self._latest[program.workflow_id] = now
+        self._workflows[program.workflow_id] = WorkflowRecord(
+            program.workflow_id, program.workflow_type, now, len(program.calls)
+        )
+        for call in program.calls:
+            self._waiting_on[call.call_id] = len(call.dependencies)
+        for call in program.roots():
+            self._ready(program, call)
+        self._dispatch()
+
+    def _ready(self, program: WorkflowProgram, call: Call) -> None:
+        now = self.events.now
+        self._calls[call.call_id] = CallRecord(
+            call.call_id, program.workflow_id, program.workflow_type, call.agent_id, call.model,
+            call.prompt_tokens, call.output_tokens, now, call.tool_latency_s,
+        )  # fmt: skip
+        meta = AppMetadata(program.workflow_type, program.workflow_id, call.agent_id)
+        request = QueuedRequest(
+            request_id=call.call_id, tenant=TENANT, model=call.model, arrival_time=now,
+            prompt_tokens=call.prompt_tokens, max_tokens=call.output_tokens, app_metadata=meta,
+        )  # fmt: skip
+        self.scheduler.submit(request, now)
+
+    def _dispatch(self) -> None:
+        now = self.events.now
+        for decision in self.scheduler.dispatch(now):
+            record = self._calls[decision.request_id]
+            program = self._programs[record.workflow_id]
+            call = program.call(decision.request_id)
+            replica = self.replicas[decision.worker_id]
+            record.worker_id, record.dispatch_time = replica.worker_id, now
+            replica.engine.add_request(
+                EngineRequest(
+                    request_id=call.call_id,
+                    prompt_token_ids=self.prompts.prompt(program.workflow_type, call),
+                    sampling=SamplingParams(max_tokens=call.output_tokens, temperature=0.0, ignore_eos=True),
+                    priority=decision.base_priority,
+                    lineage=Lineage(TENANT, program.workflow_id, call.agent_id, call.call_id),
+                )
+            )
+            self._outputs[call.call_id] = []
+            self._wake(replica)
+        for model, depth in self.scheduler.queue_depths().items():
+            self.records.queue_depth.append((now, model, depth))
+
+    def _wake(self, replica: _Replica) -> None:
+        if not replica.busy:
+            replica.busy = True
+            self.events.at(self.events.now, Phase.STEP_START, lambda: self._step(replica))
+
+    # ---- replicas ------------------------------------------------------------------------------
+
+    def _step(self, replica: _Replica) -> None:
+        if not replica.engine.has_unfinished():
+            replica.busy = False
+            return
+        start = self.events.now
+        outputs = replica.engine.step()
+        for seq in replica.engine.last_schedule.admitted:
+            record = self._calls[seq.request_id]
+            if record.start_time is None:
+                record.start_time = start
+        duration = replica.runner.last_step_seconds
+        self.events.at(start + duration, Phase.STEP_DONE, lambda: self._step_done(replica, outputs))
+
+    def _step_done(self, replica: _Replica, outputs: list[RequestOutput]) -> None:
+        now = self.events.now
+        finished: list[RequestOutput] = []
+        for out in outputs:
+            record = self._calls[out.request_id]
+            self._outputs[out.request_id] += out.new_token_ids
+            if out.new_token_ids and record.first_token_time is None:
+                record.first_token_time = now
+            if out.finished:
+                finished.append(out)
+        for out in finished:
+            self._finish(out, now)
+        self.scheduler.update_worker(replica.report(), now)
+        self._dispatch()
+        replica.busy = False
+        self._wake(replica)
+
+    def _finish(self, out: RequestOutput, now: float) -> None:
+        record = self._calls[out.request_id]
+        record.end_time, record.cached_tokens = now, out.cached_tokens
+        record.generated_tokens = out.completion_tokens
+        self.scheduler.complete(out.request_id)
+        self.prompts.record_response(out.request_id, self._outputs.pop(out.request_id))
+        program = self._programs[record.workflow_id]
+        done_at = now + record.tool_latency_s
+        for child_id in self._children[program.workflow_id][out.request_id]:
+            self._waiting_on[child_id] -= 1
+            if self._waiting_on[child_id] == 0:
+                child = program.call(child_id)
+                self.events.at(done_at, Phase.READY, lambda c=child: (self._ready(program, c), self._dispatch()))
+        self._maybe_end(program, done_at)
+
+    def _maybe_end(self, program: WorkflowProgram, done_at: float) -> None:
+        """A workflow ends when its last call, and the tool after it, is done."""
+        workflow_id = program.workflow_id
+        self._latest[workflow_id] = max(self._latest[workflow_id], done_at)
+        self._remaining[workflow_id] -= 1
+        if self._remaining[workflow_id] == 0:
+            self._workflows[workflow_id].end_time = self._latest.pop(workflow_id)
+            self.prompts.forget([c.call_id for c in program.calls])
+            del self._children[workflow_id], self._remaining[workflow_id]
