@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from clairvoyant.bench.sim.lower_bound import UnitServiceTime
 from clairvoyant.bench.sim.simulator import ReplicaSpec, Simulator
 from clairvoyant.bench.sim.unit_time import UnitTimeRunner
 from clairvoyant.bench.workloads.program import Call, NewSegment, WorkflowProgram
@@ -25,11 +26,14 @@ def chain(name: str, decode_steps: list[int]) -> WorkflowProgram:
 def run_fig2(preset: str, batch: int = 2) -> tuple[float, dict[str, float]]:
     runner = UnitTimeRunner()
     config = EngineConfig(block_size=4, num_blocks=256, max_num_seqs=batch, enable_prefix_cache=False)
-    sim = Simulator([ReplicaSpec("w0", runner, config)], preset)
+    sim = Simulator([ReplicaSpec("w0", runner, config)], preset, service_times={"unit": UnitServiceTime()})
     programs = [chain("A", [4, 3, 1, 1]), chain("B", [3, 3, 4]), chain("C", [1, 2]), chain("D", [4])]
     records = sim.run([(0.0, p) for p in programs])
     waiting = sum(c.queue_s for c in records.calls)
     jct = {w.workflow_id: w.jct_s for w in records.workflows}
+    # The critical path (no queueing) is each program's total decode steps, and never above its JCT.
+    assert {w.workflow_id: w.lower_bound_s for w in records.workflows} == {"A": 9, "B": 10, "C": 3, "D": 4}
+    assert all(w.lower_bound_s <= w.jct_s for w in records.workflows)
     return waiting, jct
 
 

@@ -11,11 +11,12 @@ state after every step, as if heartbeats were instant.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from clairvoyant.bench.records import CallRecord, RunRecords, WorkflowRecord
 from clairvoyant.bench.sim.events import EventQueue, Phase
+from clairvoyant.bench.sim.lower_bound import ServiceTime, lower_bound
 from clairvoyant.bench.sim.prompts import PromptBook
 from clairvoyant.bench.workloads.program import Call, WorkflowProgram
 from clairvoyant.core.app_metadata import AppMetadata
@@ -62,7 +63,16 @@ class _Replica:
 class Simulator:
     """One run: fixed replicas, one scheduling preset, a list of (arrival time, program)."""
 
-    def __init__(self, replicas: Sequence[ReplicaSpec], preset: str, *, seed: int = 0) -> None:
+    def __init__(
+        self,
+        replicas: Sequence[ReplicaSpec],
+        preset: str,
+        *,
+        seed: int = 0,
+        service_times: Mapping[str, ServiceTime] | None = None,
+    ) -> None:
+        """``service_times``: each model's batch-1 service time, for the lower bound (none: 0)."""
+        self.service_times = dict(service_times or {})
         self.events = EventQueue()
         self.replicas = {spec.worker_id: _Replica(spec, lambda: self.events.now) for spec in replicas}
         self.scheduler = GlobalScheduler.from_preset(preset, max_queue_per_model=1_000_000)
@@ -76,12 +86,24 @@ class Simulator:
         self._children: dict[str, dict[str, tuple[str, ...]]] = {}  # workflow -> call -> dependents
         self._remaining: dict[str, int] = {}  # workflow -> calls not finished
         self._latest: dict[str, float] = {}  # workflow -> latest call end (tool included)
+        self._backlog: list[WorkflowProgram] = []  # closed loop: programs still to start
+        self._think_time_s = 0.0
         for replica in self.replicas.values():
             self.scheduler.update_worker(replica.report(), 0.0)
 
     # ---- driving -------------------------------------------------------------------------------
 
-    def run(self, arrivals: Sequence[tuple[float, WorkflowProgram]]) -> RunRecords:
+    def run(
+        self,
+        arrivals: Sequence[tuple[float, WorkflowProgram]],
+        *,
+        backlog: Sequence[WorkflowProgram] = (),
+        think_time_s: float = 0.0,
+    ) -> RunRecords:
+        """Run to completion.  Closed loop: each workflow that ends starts the next one of
+        ``backlog`` after ``think_time_s`` (``arrivals`` are the initial ones)."""
+        self._backlog = list(reversed(backlog))
+        self._think_time_s = think_time_s
         for time, program in arrivals:
             self.events.at(time, Phase.READY, lambda p=program: self._arrive(p))
         self.events.run()
@@ -101,8 +123,9 @@ class Simulator:
         self._children[program.workflow_id] = program.dependents()
         self._remaining[program.workflow_id] = len(program.calls)
         self._latest[program.workflow_id] = now
+        bound = lower_bound(program, self.service_times) if self.service_times else 0.0
         self._workflows[program.workflow_id] = WorkflowRecord(
-            program.workflow_id, program.workflow_type, now, len(program.calls)
+            program.workflow_id, program.workflow_type, now, len(program.calls), lower_bound_s=bound
         )
         for call in program.calls:
             self._waiting_on[call.call_id] = len(call.dependencies)
@@ -203,6 +226,9 @@ class Simulator:
         self._latest[workflow_id] = max(self._latest[workflow_id], done_at)
         self._remaining[workflow_id] -= 1
         if self._remaining[workflow_id] == 0:
-            self._workflows[workflow_id].end_time = self._latest.pop(workflow_id)
+            end = self._workflows[workflow_id].end_time = self._latest.pop(workflow_id)
+            if self._backlog:
+                following = self._backlog.pop()
+                self.events.at(end + self._think_time_s, Phase.READY, lambda: self._arrive(following))
             self.prompts.forget([c.call_id for c in program.calls])
             del self._children[workflow_id], self._remaining[workflow_id]

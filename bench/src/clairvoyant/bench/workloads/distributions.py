@@ -18,11 +18,12 @@ max}`` (repeat-until-stop counts, capped at max).
 from __future__ import annotations
 
 import math
+from functools import cached_property
 from statistics import NormalDist
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 _STD_NORMAL = NormalDist()
 _U_EPS = 1e-15
@@ -85,11 +86,6 @@ class LogNormal(_Dist):
     min: float | None = Field(default=None, ge=0)
     max: float | None = Field(default=None, gt=0)
 
-    _mu: float = PrivateAttr(0.0)
-    _sigma: float = PrivateAttr(0.0)
-    _p_lo: float = PrivateAttr(0.0)
-    _p_hi: float = PrivateAttr(1.0)
-
     @model_validator(mode="after")
     def _fit(self) -> LogNormal:
         lo, hi = self.support()
@@ -97,25 +93,30 @@ class LogNormal(_Dist):
             raise ValueError(f"min ({lo:g}) must be < max ({hi:g})")
         if not lo < self.mean < hi:
             raise ValueError(f"mean {self.mean:g} must lie strictly between min and max")
+        _ = self.fitted  # solve now, so an unreachable (mean, cv) is a validation error
+        return self
+
+    @cached_property
+    def fitted(self) -> tuple[float, float, float, float]:
+        """(mu, sigma) of the underlying normal and (P(Z < a), P(Z < b)) at the truncation points."""
         if self.cv == 0:
-            return self
+            return math.log(self.mean), 0.0, 0.0, 1.0
+        lo, hi = self.support()
         mu, sigma = _fit_truncated_lognormal(self.mean, self.cv, lo, hi)
-        self._mu, self._sigma = mu, sigma
         a = (math.log(lo) - mu) / sigma if lo > 0 else -math.inf
         b = (math.log(hi) - mu) / sigma if hi < math.inf else math.inf
-        self._p_lo, self._p_hi = normal_cdf(a), normal_cdf(b)
-        return self
+        return mu, sigma, normal_cdf(a), normal_cdf(b)
 
     def support(self) -> tuple[float, float]:
         return (self.min or 0.0, math.inf if self.max is None else self.max)
 
     def quantile(self, u: float) -> float:
-        if self.cv == 0:
+        mu, sigma, p_lo, p_hi = self.fitted
+        if sigma == 0:
             return self.mean
-        p = self._p_lo + u * (self._p_hi - self._p_lo)
-        z = _STD_NORMAL.inv_cdf(min(max(p, _U_EPS), 1.0 - _U_EPS))
-        lo, hi = self.support()
-        return min(max(math.exp(self._mu + self._sigma * z), lo), hi)
+        p = p_lo + u * (p_hi - p_lo)
+        x = math.exp(mu + sigma * _STD_NORMAL.inv_cdf(min(max(p, _U_EPS), 1.0 - _U_EPS)))
+        return min(max(x, self.min or 0.0), math.inf if self.max is None else self.max)
 
     def moments(self) -> tuple[float, float]:
         return self.mean, self.cv
@@ -198,19 +199,18 @@ class Empirical(_Dist):
     dist: Literal["empirical"] = "empirical"
     values: list[Annotated[float, Field(ge=0)]] = Field(min_length=1)
 
-    _sorted: tuple[float, ...] = PrivateAttr(())
-
-    def model_post_init(self, context: Any) -> None:
-        self._sorted = tuple(sorted(self.values))
+    @cached_property
+    def sorted_values(self) -> tuple[float, ...]:
+        return tuple(sorted(self.values))
 
     def support(self) -> tuple[float, float]:
-        return self._sorted[0], self._sorted[-1]
+        return self.sorted_values[0], self.sorted_values[-1]
 
     def quantile(self, u: float) -> float:
-        return self._sorted[min(int(u * len(self._sorted)), len(self._sorted) - 1)]
+        return self.sorted_values[min(int(u * len(self.sorted_values)), len(self.sorted_values) - 1)]
 
     def moments(self) -> tuple[float, float]:
-        values = np.asarray(self._sorted)
+        values = np.asarray(self.sorted_values)
         mean = float(values.mean())
         return mean, (float(values.std()) / mean if mean > 0 else 0.0)
 

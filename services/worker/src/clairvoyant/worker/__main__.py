@@ -1,6 +1,7 @@
-"""Start a worker: ``python -m clairvoyant.worker [--model M] [--grpc-port P] [--http-port P]``.
+"""Start a worker: ``python -m clairvoyant.worker [--runner R] [--model M] [--grpc-port P] [--http-port P]``.
 
-Loads the model, starts the engine thread, the gRPC Worker service (with grpc.health.v1), the
+Loads the model (``--runner emulated --gpu G --tp N``: a cost model of it on G, see
+docs/costmodel.md), starts the engine thread, the gRPC Worker service (with grpc.health.v1), the
 OpenAI-compatible HTTP endpoint and the stats heartbeat on NATS.  SIGINT/SIGTERM stop it cleanly.
 """
 
@@ -19,18 +20,36 @@ from clairvoyant.contracts.v1 import worker_pb2_grpc
 from clairvoyant.core.bus import EventBus
 from clairvoyant.core.grpcutil import add_health, mark_serving, new_server
 from clairvoyant.core.logs import setup_logging
+from clairvoyant.core.registry import Registry
 from clairvoyant.core.telemetry import setup_tracing
 from clairvoyant.worker.config import WorkerSettings
 from clairvoyant.worker.core.engine import EngineConfig, LLMEngine
+from clairvoyant.worker.costmodel.gpus import GPUS
+from clairvoyant.worker.costmodel.models import MODELS
 from clairvoyant.worker.engine_loop import AsyncEngine
 from clairvoyant.worker.grpc_api import WorkerServicer
 from clairvoyant.worker.heartbeat import Heartbeat
 from clairvoyant.worker.http_api import create_app
-from clairvoyant.worker.runners.base import ModelRunner
+from clairvoyant.worker.runners.base import ModelRunner, SizesOwnKvPool
+from clairvoyant.worker.runners.emulated import EmulatedRunner
 from clairvoyant.worker.runners.loader import load_runner
 from clairvoyant.worker.service import WorkerService, record_stats
 
 logger = logging.getLogger("clairvoyant.worker")
+
+RUNNERS: Registry[ModelRunner] = Registry("runner")  # name -> factory(settings)
+
+
+@RUNNERS.register("torch")
+def _torch_runner(settings: WorkerSettings) -> ModelRunner:
+    return load_runner(settings.model, device=settings.device, max_model_len=settings.max_model_len)
+
+
+@RUNNERS.register("emulated")
+def _emulated_runner(settings: WorkerSettings) -> ModelRunner:
+    return EmulatedRunner(
+        settings.model, settings.gpu, settings.tensor_parallel, max_model_len=settings.max_model_len
+    )
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -42,6 +61,8 @@ class _EmbeddedServer(uvicorn.Server):
 
 def engine_config(settings: WorkerSettings, runner: ModelRunner) -> EngineConfig:
     num_blocks = settings.num_blocks
+    if not num_blocks and isinstance(runner, SizesOwnKvPool):
+        num_blocks = runner.default_num_blocks(settings.block_size) or 0
     if not num_blocks:
         block_bytes = runner.kv_bytes_per_token() * settings.block_size
         num_blocks = max(16, settings.kv_cache_mb * 1024 * 1024 // block_bytes)
@@ -58,8 +79,8 @@ def engine_config(settings: WorkerSettings, runner: ModelRunner) -> EngineConfig
 async def serve(settings: WorkerSettings) -> None:
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
-    logger.info("loading model %s", settings.model)
-    runner = load_runner(settings.model, device=settings.device, max_model_len=settings.max_model_len)
+    logger.info("loading model %s (runner %s)", settings.model, settings.runner)
+    runner = RUNNERS.create(settings.runner, settings=settings)
     config = engine_config(settings, runner)
     engine = AsyncEngine(LLMEngine(runner, config), on_step=record_stats)
     engine.start()
@@ -121,13 +142,23 @@ async def serve(settings: WorkerSettings) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m clairvoyant.worker", description=__doc__)
-    parser.add_argument("--model", help="tiny-random | smollm2-135m-instruct | path to .gguf | HF checkpoint dir")
+    parser.add_argument("--runner", choices=RUNNERS.names(), help="model runner (default torch)")
+    parser.add_argument(
+        "--model",
+        help="tiny-random | smollm2-135m-instruct | path to .gguf | HF checkpoint dir; "
+        f"emulated: {' | '.join(MODELS)}",
+    )
+    parser.add_argument("--gpu", choices=[spec.name for spec in GPUS.values()], help="emulated runner's GPU")
+    parser.add_argument("--tp", type=int, help="emulated runner's tensor-parallel degree")
     parser.add_argument("--grpc-port", type=int)
     parser.add_argument("--http-port", type=int)
     parser.add_argument("--worker-id")
     args = parser.parse_args(argv)
     overrides = {
+        "runner": args.runner,
         "model": args.model,
+        "gpu": args.gpu,
+        "tensor_parallel": args.tp,
         "worker_grpc_port": args.grpc_port,
         "worker_http_port": args.http_port,
         "worker_id": args.worker_id,

@@ -15,8 +15,10 @@ class WorkerSettings(ServiceSettings):
     worker_id: str = Field("", description="unique id on the bus; default <hostname>-<grpc port>")
     worker_grpc_port: int = Field(50061, ge=0, le=65535)
     worker_http_port: int = Field(8101, ge=0, le=65535, description="OpenAI-compatible HTTP; 0 disables")
-    model: str = Field(DEFAULT_MODEL, description="tiny-random | smollm2-135m-instruct | a .gguf file | an HF dir")
-    runner: str = Field("torch", description="model runner: torch")
+    model: str = Field(DEFAULT_MODEL, description="tiny-random | smollm2-135m-instruct | a .gguf file | an HF dir; emulated: llama-3.1-8b, ...")
+    runner: str = Field("torch", description="model runner: torch | emulated")
+    gpu: str = Field("H100-80G", description="emulated runner: the GPU whose speed and memory it emulates")
+    tensor_parallel: int = Field(1, ge=1, description="emulated runner: GPUs per replica")
     device: str = "cpu"
     max_model_len: int | None = Field(None, gt=0, description="cap the model's context window")
     block_size: int = Field(16, gt=0)

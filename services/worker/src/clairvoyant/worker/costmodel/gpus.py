@@ -49,8 +49,8 @@ A100_80G = GpuSpec(
     pcie_bandwidth=32 * GB,
     nvlink_bandwidth=300 * GB,
     network_bandwidth=25 * GB,
-    mfu=0.62,
-    mbu=0.80,
+    mfu=0.65,
+    mbu=0.90,
     allreduce_latency=12e-6,
     step_overhead=1.0e-3,
 )
@@ -67,8 +67,8 @@ H100_80G = GpuSpec(
     pcie_bandwidth=64 * GB,
     nvlink_bandwidth=450 * GB,
     network_bandwidth=50 * GB,
-    mfu=0.50,
-    mbu=0.75,
+    mfu=0.45,
+    mbu=0.85,
     allreduce_latency=8e-6,
     step_overhead=1.0e-3,
 )

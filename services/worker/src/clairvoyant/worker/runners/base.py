@@ -91,3 +91,17 @@ class ModelRunner(Protocol):
         in the order of ``items``.  ``n`` may be 0.
         """
         ...
+
+
+@runtime_checkable
+class SizesOwnKvPool(Protocol):
+    """Optional for a ``ModelRunner``: it knows how many KV blocks its device holds.
+
+    The worker asks it when no block count is configured, instead of sizing the pool from
+    ``kv_cache_mb``.  The emulated runner answers from its cost model (the GPU's memory left after
+    the weights); a runner that cannot tell returns ``None``.
+    """
+
+    def default_num_blocks(self, block_size: int) -> int | None:
+        """KV blocks of ``block_size`` tokens the device holds, or ``None`` to use the configured size."""
+        ...

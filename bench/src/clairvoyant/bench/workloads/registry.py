@@ -1,0 +1,59 @@
+"""Workloads by name: the built-in specs (``builtin/*.yaml``) and the trace-driven replays.
+
+``get_workload(name, **options)`` builds one; a path to a YAML/JSON spec works too, for workloads
+users write themselves.  Options: ``models`` (alias -> served name, or one served name for all) for
+every workload; ``data_dir`` and ``max_tool_latency_s`` for the trace-driven ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from clairvoyant.bench.workloads import traces
+from clairvoyant.bench.workloads.base import Workload
+from clairvoyant.bench.workloads.generator import SpecWorkload
+from clairvoyant.core.registry import Registry
+
+BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
+TRACE_WORKLOADS = ("chatdev", "claude_code")
+
+WORKLOADS: Registry[Workload] = Registry("workload")
+
+
+def _spec_factory(path: Path) -> Callable[..., Workload]:
+    def build(models: Mapping[str, str] | str | None = None) -> Workload:
+        workload = SpecWorkload.from_file(path)
+        return workload.with_models(models) if models is not None else workload
+
+    return build
+
+
+def _trace_factory(load: Callable[..., traces.TraceWorkload]) -> Callable[..., Workload]:
+    def build(
+        models: Mapping[str, str] | str | None = None,
+        data_dir: Path | None = None,
+        max_tool_latency_s: float | None = None,
+    ) -> Workload:
+        workload = load(data_dir, max_tool_latency_s)
+        return workload.with_models(models) if models is not None else workload
+
+    return build
+
+
+for _path in sorted(BUILTIN_DIR.glob("*.yaml")):
+    WORKLOADS.register(_path.stem)(_spec_factory(_path))
+WORKLOADS.register("chatdev")(_trace_factory(traces.chatdev))
+WORKLOADS.register("claude_code")(_trace_factory(traces.claude_code))
+
+
+def list_workloads() -> list[str]:
+    return WORKLOADS.names()
+
+
+def get_workload(name: str, **options: Any) -> Workload:
+    """A registered workload by name, or a spec file by path (``models`` is the only option then)."""
+    if name not in WORKLOADS and Path(name).suffix in (".yaml", ".yml", ".json") and Path(name).is_file():
+        return _spec_factory(Path(name))(**options)
+    return WORKLOADS.create(name, **options)
