@@ -12,7 +12,13 @@ import sys
 from pathlib import Path
 
 # Imported for their registrations in BENCHMARKS.
-from clairvoyant.bench import engine_throughput, gateway_breakdown, gateway_overhead, prefix_ttft  # noqa: F401
+from clairvoyant.bench import (  # noqa: F401
+    cli_experiment,
+    engine_throughput,
+    gateway_breakdown,
+    gateway_overhead,
+    prefix_ttft,
+)
 from clairvoyant.bench.common import BENCHMARKS, RESULTS_DIR, load_average, progress, report
 
 
@@ -20,12 +26,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m clairvoyant.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR, help="where <name>.json is written")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="benchmark")
+    parser.add_argument("--list", action="store_true", help="list workloads and policies")
+    if argv is None:
+        argv = sys.argv[1:]
+    if "--list" in argv:
+        print(cli_experiment.listing())
+        return 0
+    commands = parser.add_subparsers(dest="command", required=True, metavar="command")
+    cli_experiment.add_parsers(commands)
     for name in BENCHMARKS.names():
         bench = BENCHMARKS.create(name)
         sub = commands.add_parser(name, help=bench.help, description=bench.help)
         bench.add_arguments(sub)
     args = parser.parse_args(argv)
+    if args.command in ("run", "compare"):
+        return cli_experiment.run_command(args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     started = load_average()
     progress(f"{args.command}: load average {started[0]:.2f} {started[1]:.2f} {started[2]:.2f}")

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
+from typing import Protocol, runtime_checkable
 
 from clairvoyant.bench.records import CallRecord, RunRecords, WorkflowRecord
 from clairvoyant.bench.sim.events import EventQueue, Phase
@@ -29,7 +31,8 @@ from clairvoyant.worker.runners.base import ModelRunner
 TENANT = "default"
 
 
-class SteppedRunner(ModelRunner):
+@runtime_checkable
+class SteppedRunner(ModelRunner, Protocol):
     """A runner that says how long its last ``forward`` took (in virtual seconds)."""
 
     last_step_seconds: float
@@ -105,7 +108,7 @@ class Simulator:
         self._backlog = list(reversed(backlog))
         self._think_time_s = think_time_s
         for time, program in arrivals:
-            self.events.at(time, Phase.READY, lambda p=program: self._arrive(p))
+            self.events.at(time, Phase.READY, partial(self._arrive, program))
         self.events.run()
         unfinished = [w.workflow_id for w in self._workflows.values() if w.end_time is None]
         if unfinished:
@@ -145,6 +148,10 @@ class Simulator:
             prompt_tokens=call.prompt_tokens, max_tokens=call.output_tokens, app_metadata=meta,
         )  # fmt: skip
         self.scheduler.submit(request, now)
+
+    def _ready_and_dispatch(self, program: WorkflowProgram, call: Call) -> None:
+        self._ready(program, call)
+        self._dispatch()
 
     def _dispatch(self) -> None:
         now = self.events.now
@@ -217,7 +224,7 @@ class Simulator:
             self._waiting_on[child_id] -= 1
             if self._waiting_on[child_id] == 0:
                 child = program.call(child_id)
-                self.events.at(done_at, Phase.READY, lambda c=child: (self._ready(program, c), self._dispatch()))
+                self.events.at(done_at, Phase.READY, partial(self._ready_and_dispatch, program, child))
         self._maybe_end(program, done_at)
 
     def _maybe_end(self, program: WorkflowProgram, done_at: float) -> None:

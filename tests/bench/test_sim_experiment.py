@@ -1,0 +1,76 @@
+"""Simulator runs on built-in workloads: determinism, the lower bound, Little's law, the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clairvoyant.bench.__main__ import main
+from clairvoyant.bench.experiment import ExperimentConfig, build_cluster, compare, instance
+from clairvoyant.bench.sim.simulator import Simulator
+from clairvoyant.bench.workloads import get_workload
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(300)]
+SMALL = ExperimentConfig(workload="react_bfcl", gpus=2, workflows=24, rate=0.5, seed=7)
+
+
+def _without_wall(result: dict) -> dict:
+    result = json.loads(json.dumps(result, default=str))
+    result.pop("wall_seconds")
+    for metrics in result["policies"].values():
+        metrics.pop("wall_seconds")
+    return result
+
+
+def test_same_seed_gives_byte_identical_results() -> None:
+    first = json.dumps(_without_wall(compare(SMALL, ["fcfs-rr", "least-loaded"])), sort_keys=True)
+    second = json.dumps(_without_wall(compare(SMALL, ["fcfs-rr", "least-loaded"])), sort_keys=True)
+    assert first == second
+    other_seed = ExperimentConfig(**{**vars(SMALL), "seed": 8})
+    assert json.dumps(_without_wall(compare(other_seed, ["fcfs-rr"])), sort_keys=True) != first
+
+
+def test_lower_bound_never_exceeds_a_measured_jct() -> None:
+    config = ExperimentConfig(workload="coding_assistant", gpus=4, workflows=8, concurrency=8, seed=3)
+    workload = get_workload(config.workload)
+    replicas, service = build_cluster(workload, config)
+    arrivals, backlog = instance(workload, config)
+    records = Simulator(replicas, "fcfs-rr", service_times=service).run(arrivals, backlog=backlog)
+    assert len(records.workflows) == 8
+    for workflow in records.workflows:
+        assert 0 < workflow.lower_bound_s <= workflow.jct_s + 1e-9
+    # Closed loop at concurrency 8 with 8 workflows: all start together at t=0.
+    assert {w.arrival_time for w in records.workflows} == {0.0}
+
+
+def test_littles_law_on_a_steady_run() -> None:
+    """Time-average workflows in the system = arrival rate x average JCT (within sampling noise)."""
+    rate = 1.0
+    config = ExperimentConfig(workload="react_bfcl", gpus=2, workflows=300, rate=rate, seed=11)
+    workload = get_workload(config.workload)
+    replicas, service = build_cluster(workload, config)
+    arrivals, _ = instance(workload, config)
+    records = Simulator(replicas, "fcfs-rr", service_times=service).run(arrivals)
+    spans = np.array([(w.arrival_time, w.end_time) for w in records.workflows])
+    horizon = spans[:, 0].max()  # measure while arrivals still come in (steady state)
+    samples = np.linspace(horizon * 0.1, horizon, 2000)
+    in_system = [(np.sum((spans[:, 0] <= t) & (spans[:, 1] > t))) for t in samples]
+    average_jct = float(np.mean(spans[:, 1] - spans[:, 0]))
+    assert np.mean(in_system) == pytest.approx(rate * average_jct, rel=0.15)
+
+
+def test_cli_compare_writes_the_documented_keys(tmp_path: Path) -> None:
+    out = tmp_path / "compare.json"
+    code = main(["compare", "--workload", "react_bfcl", "--policies", "fcfs-rr,least-loaded", "--gpus", "2",
+                 "--workflows", "6", "--rate", "1", "--out", str(out)])
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert {"workload", "mode", "seed", "wall_seconds", "policies"} <= set(result)
+    for metrics in result["policies"].values():
+        assert {"avg_jct_s", "p95_jct_s", "p99_jct_s", "throughput_tok_s", "workflows_per_min", "avg_queue_s",
+                "cache_hit_ratio", "preemptions", "lower_bound_avg_jct_s", "distance_from_limit",
+                "virtual_seconds"} <= set(metrics)
+        assert metrics["workflows"] == 6 and metrics["distance_from_limit"] >= 1.0
