@@ -60,7 +60,10 @@ def sample(logits: torch.Tensor, rows: Sequence[SampleRow]) -> list[int]:
     """One token id per row of ``logits`` (``[len(rows), vocab]``, any device; sampled on the CPU)."""
     assert logits.shape[0] == len(rows), (logits.shape, len(rows))
     logits = logits.detach().to(device="cpu", dtype=torch.float32)
-    return [_sample_row(logits[i], row) for i, row in enumerate(rows)]
+    # Greedy rows with nothing suppressed (the common case) share one argmax over the batch.
+    plain = [not row.suppressed_ids and row.params.greedy for row in rows]
+    argmax = logits.argmax(dim=-1).tolist() if any(plain) else []
+    return [argmax[i] if plain[i] else _sample_row(logits[i], row) for i, row in enumerate(rows)]
 
 
 def _sample_row(logits: torch.Tensor, row: SampleRow) -> int:
