@@ -5,7 +5,8 @@
 
 Cluster placement (a choice; the seeds each fix their own): the GPUs are shared equally among the
 workload's served models; each replica of a model uses the smallest tensor-parallel degree in
-(1, 2, 4, 8) whose weights leave room for KV on the chosen GPU.
+(1, 2, 4, 8) whose KV pool holds at least one full-context request (``min(max_model_len, 32K)``
+tokens), as a serving operator would size it.
 """
 
 from __future__ import annotations
@@ -46,13 +47,18 @@ def _no_sleep(seconds: float) -> None:
     del seconds  # virtual time: the simulator moves the clock
 
 
+MIN_KV_TOKENS = 32_768
+
+
 def _runner(model: str, gpu: str) -> tuple[EmulatedRunner, int]:
     for tp in TP_CHOICES:
         try:
-            return EmulatedRunner(model, gpu, tp, sleep=_no_sleep, distinct_tokens=True), tp
+            runner = EmulatedRunner(model, gpu, tp, sleep=_no_sleep, distinct_tokens=True)
         except ValueError:
             continue
-    raise ValueError(f"{model} does not fit 8 x {gpu}")
+        if runner.cost.kv_capacity_tokens(runner.gpu_mem_util) >= min(runner.info.max_model_len, MIN_KV_TOKENS):
+            return runner, tp
+    raise ValueError(f"{model} does not fit 8 x {gpu} with room for a full-context request")
 
 
 def build_cluster(workload: Workload, config: ExperimentConfig) -> tuple[list[ReplicaSpec], dict[str, ServiceTime]]:

@@ -68,3 +68,47 @@ def summarize(records: RunRecords) -> dict[str, Any]:
         },
         "duration_s": records.duration_s,
     }
+
+
+def jct_list(records: RunRecords) -> list[float]:
+    """Every finished workflow's JCT, in arrival order (for the CDF)."""
+    return [w.jct_s for w in records.workflows if w.end_time is not None]
+
+
+def queue_depth_series(records: RunRecords, points: int = 500) -> dict[str, list[list[float]]]:
+    """Per model, ``[[t, depth], ...]``: calls ready but not yet started (global and engine queues
+    together, the same span ``queue_s`` measures), ``t`` in seconds from the first arrival.
+
+    The depth is a step function.  With at most ``points`` distinct change times it is returned
+    exactly (the depth from each ``t`` on); otherwise the span is cut into ``points`` equal
+    intervals and each point is an interval's start with the highest depth inside it, so peaks
+    survive the downsampling.
+    """
+    first = min((w.arrival_time for w in records.workflows), default=0.0)
+    changes: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for c in records.calls:
+        changes[c.model].append((c.ready_time - first, 1))
+        # A call that never started is still queued at the end.
+        if c.start_time is not None:
+            changes[c.model].append((c.start_time - first, -1))
+    end = max(records.duration_s, 0.0)
+    return {model: _step_series(events, end, points) for model, events in sorted(changes.items())}
+
+
+def _step_series(events: list[tuple[float, int]], end: float, points: int) -> list[list[float]]:
+    events.sort()  # at one instant, starts (-1) before arrivals (+1): a call that waits 0 never counts
+    times = np.array([t for t, _ in events])
+    depth = np.cumsum([d for _, d in events])
+    last = np.r_[times[1:] != times[:-1], True]  # the depth after all the changes at one instant
+    times, depth = times[last], depth[last]
+    if len(times) <= points:
+        return [[float(t), int(d)] for t, d in zip(times, depth, strict=True)]
+    edges = np.linspace(times[0], max(end, times[-1]), points + 1)
+    lo = np.searchsorted(times, edges[:-1], side="right")  # first change after each interval's start
+    hi = np.searchsorted(times, edges[1:], side="right")
+    series: list[list[float]] = []
+    for start, i, j in zip(edges[:-1], lo, hi, strict=True):
+        carried = int(depth[i - 1]) if i > 0 else 0
+        inside = int(depth[i:j].max()) if j > i else carried
+        series.append([float(start), max(carried, inside)])
+    return series

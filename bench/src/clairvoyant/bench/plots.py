@@ -1,0 +1,119 @@
+"""PNG figures from a ``compare`` or ``sweep`` results file (matplotlib, Agg backend: no display).
+
+    python -m clairvoyant.bench plot compare.json --out-dir docs/img
+    python -m clairvoyant.bench plot sweep.json --out-dir docs/img
+
+A compare file gives ``<stem>-jct-cdf.png`` (the CDF of workflow JCT, one line per policy) and
+``<stem>-queue-depth.png`` (calls waiting per model over time, one panel per model, one line per
+policy, as Pythia's Fig. 9).  A sweep file gives ``<stem>-latency-throughput.png``: average and P95
+JCT against output-token throughput, one point per load level, one line per policy.  Figures are
+small (100 dpi) so they can be committed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
+from matplotlib.figure import Figure  # noqa: E402
+
+DPI = 100
+
+
+def plot_file(results_path: Path, out_dir: Path | None = None) -> list[Path]:
+    """Draw every figure the file supports into ``out_dir`` (default: next to the file)."""
+    results = json.loads(results_path.read_text())
+    out_dir = out_dir or results_path.parent
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = results_path.stem
+    if results.get("kind") == "sweep":
+        return [plot_latency_throughput(results, out_dir / f"{stem}-latency-throughput.png")]
+    return [
+        plot_jct_cdf(results, out_dir / f"{stem}-jct-cdf.png"),
+        plot_queue_depth(results, out_dir / f"{stem}-queue-depth.png"),
+    ]
+
+
+def _title(results: dict[str, Any]) -> str:
+    config = results.get("config", {})
+    if config.get("concurrency"):
+        load = f"concurrency {config['concurrency']}"
+    elif config.get("rate"):
+        load = f"{config['rate']:g} workflows/s"
+    else:
+        load = "all at t=0"
+    return f"{results['workload']}: {config.get('workflows', '?')} workflows, {load}, {config.get('gpus', '?')} GPUs"
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def _require(metrics: dict[str, Any], key: str, policy: str) -> Any:
+    if key not in metrics:
+        raise ValueError(f"policy {policy!r} has no {key!r}: re-run compare with this version to plot it")
+    return metrics[key]
+
+
+def plot_jct_cdf(results: dict[str, Any], path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for policy, metrics in results["policies"].items():
+        jcts = sorted(_require(metrics, "jct_s", policy))
+        if not jcts:
+            continue
+        fractions = [(i + 1) / len(jcts) for i in range(len(jcts))]
+        ax.step(jcts, fractions, where="post", label=f"{policy} (avg {metrics['avg_jct_s']:.0f} s)")
+    ax.set_xlabel("workflow JCT (s)")
+    ax.set_ylabel("fraction of workflows")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title(_title(results), fontsize=9)
+    return _save(fig, path)
+
+
+def plot_queue_depth(results: dict[str, Any], path: Path) -> Path:
+    policies = results["policies"]
+    models = sorted({m for p, metrics in policies.items() for m in _require(metrics, "queue_depth_series", p)})
+    fig, axes = plt.subplots(len(models) or 1, 1, figsize=(7, 2.4 * max(1, len(models))), sharex=True, squeeze=False)
+    for ax, model in zip(axes[:, 0], models, strict=False):
+        for policy, metrics in policies.items():
+            series = metrics["queue_depth_series"].get(model, [])
+            if series:
+                ax.step([t for t, _ in series], [d for _, d in series], where="post", label=policy, linewidth=1)
+        ax.set_ylabel("calls waiting")
+        ax.set_title(model, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper right", fontsize=8)
+    axes[-1, 0].set_xlabel("time since the first arrival (s)")
+    fig.suptitle(_title(results), fontsize=9)
+    return _save(fig, path)
+
+
+def plot_latency_throughput(sweep: dict[str, Any], path: Path) -> Path:
+    """Average (solid) and P95 (dashed) JCT against throughput, points in load order."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for policy in sweep["policies"]:
+        points = [(p["policies"][policy], p["load"]) for p in sweep["points"] if policy in p["policies"]]
+        throughput = [m["throughput_tok_s"] for m, _ in points]
+        (line,) = ax.plot(throughput, [m["avg_jct_s"] for m, _ in points], marker="o", label=f"{policy} avg")
+        ax.plot(throughput, [m["p95_jct_s"] for m, _ in points], marker="x", linestyle="--",
+                color=line.get_color(), label=f"{policy} p95")  # fmt: skip
+        for (m, load), x in zip(points, throughput, strict=True):
+            ax.annotate(f"{load:g}", (x, m["avg_jct_s"]), textcoords="offset points", xytext=(3, 3), fontsize=7)
+    ax.set_xlabel("throughput (output tokens/s)")
+    ax.set_ylabel("workflow JCT (s)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    unit = "workflows/s" if sweep["load_kind"] == "rate" else "concurrent workflows"
+    ax.set_title(f"{sweep['workload']}: latency vs throughput (labels: {unit})", fontsize=9)
+    return _save(fig, path)
