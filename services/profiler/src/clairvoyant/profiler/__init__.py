@@ -1,1 +1,2 @@
-"""The profiler service.  Its code lands with its own issue; see README.md in this package."""
+"""The profiler service: workflow and workload prediction.  The pure prediction core is in ``core``;
+the service adapter (gRPC, JetStream consumer, SQL persistence) is not built yet."""

@@ -1,0 +1,80 @@
+"""The profiler's pure core: workflow structure and workload prediction.
+
+No I/O, no clock reads, no transports: inputs in, results out, times passed in.  The modules, in the
+order data flows through them:
+
+    trace.py       calls -> steps (Kairos sweep line)
+    automaton.py   step transitions with counts, pruning at the dominant percentile (Pythia)
+    expr.py        bounded path expressions: AST, parser, printer
+    paths.py       expressions as probabilistic automata: accepts, positions, future agents,
+                   expected remaining steps/time, projection, fitted choice probabilities
+    synthesis.py   traces -> bounded path expression
+    stats.py       per-agent length/latency/gap distributions, Kairos convergence
+    ranking.py     Kairos agent rank (Wasserstein + 1-D MDS with a zero anchor)
+    confidence.py  shadow / low / high tiers (Pythia shadow profiling, SAGA cold start)
+    profile.py     WorkflowProfile: incremental ingestion, annotate, plain-dict state
+"""
+
+from clairvoyant.profiler.core.automaton import TransitionAutomaton
+from clairvoyant.profiler.core.confidence import ConfidenceConfig, ConfidenceState, Tier
+from clairvoyant.profiler.core.expr import Expr, ExpressionError, ParseError, parse, to_text
+from clairvoyant.profiler.core.paths import (
+    NextAgents,
+    PathModel,
+    Position,
+    Remaining,
+    accepts,
+    expected_remaining,
+    fit_weights,
+    future_agents,
+    project,
+)
+from clairvoyant.profiler.core.profile import (
+    Annotation,
+    CallRecord,
+    IngestResult,
+    IngestStatus,
+    ProfileConfig,
+    ProfileStore,
+    WorkflowProfile,
+)
+from clairvoyant.profiler.core.ranking import AgentRanking, kairos_ranking
+from clairvoyant.profiler.core.synthesis import SynthesisConfig, SynthesisResult, synthesize
+from clairvoyant.profiler.core.trace import Call, Step, WorkflowTrace, build_trace
+
+__all__ = [
+    "AgentRanking",
+    "Annotation",
+    "Call",
+    "CallRecord",
+    "ConfidenceConfig",
+    "ConfidenceState",
+    "Expr",
+    "ExpressionError",
+    "IngestResult",
+    "IngestStatus",
+    "NextAgents",
+    "ParseError",
+    "PathModel",
+    "Position",
+    "ProfileConfig",
+    "ProfileStore",
+    "Remaining",
+    "Step",
+    "SynthesisConfig",
+    "SynthesisResult",
+    "Tier",
+    "TransitionAutomaton",
+    "WorkflowProfile",
+    "WorkflowTrace",
+    "accepts",
+    "build_trace",
+    "expected_remaining",
+    "fit_weights",
+    "future_agents",
+    "kairos_ranking",
+    "parse",
+    "project",
+    "synthesize",
+    "to_text",
+]

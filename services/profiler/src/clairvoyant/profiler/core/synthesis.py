@@ -1,0 +1,501 @@
+"""Synthesis of a bounded path expression from traces (Pythia, seed 000, §4.1).
+
+Pythia synthesises its probabilistic automaton into a regular expression "bounded to its highly
+probable structural limits" and prunes transitions seen in fewer than 5% of cases.  The paper gives
+no algorithm; this is the one implemented here (traces are sequences of steps, ``trace.py``):
+
+1. **Dominant traces.**  The step-level transition automaton is pruned at ``prune_threshold``
+   (per-trace support, see ``automaton.py``); traces using a pruned transition are outliers and are
+   left out of the structure (they still count in the acceptance check of step 6).
+2. **Tokens.**  Each step becomes a symbol: its agent id, or ``<members>`` for a parallel group
+   (a fan-out node, its width kept as data).  Runs of one symbol are merged into one token carrying
+   the run length, so self-loops ``(x){m,n}`` never reach the graph stage.
+3. **Loops.**  On the token graph of the sequences at hand (edges again pruned per trace), each
+   non-trivial strongly connected component (Tarjan) is a loop region.  Every maximal segment of a
+   sequence inside it is cut into blocks at each occurrence of the loop *header* (the dominant
+   entry symbol).  Two shapes are recognised, with k the number of iterations:
+   * do-while, ``B^k`` (the segment leaves from the symbol that closes every block):
+     ``(B){m,n}``; a single retry, k in {1, 2}, is written ``B1 -> (B2)?`` with the first and second
+     iterations synthesised separately (Listing 1's ``(engineer){3,6} -> reviewer ->
+     ((engineer){2,4} -> reviewer)?`` — the retry edits less than the first pass);
+   * rework, ``L (R L)^k`` (the segment leaves from the middle of the block, e.g. reviewer ->
+     engineer -> reviewer): ``L -> (R -> L){m,n}``, ``L -> (R -> L)?`` for k in {0, 1}.
+   Bodies are synthesised recursively (nested loops with their own header become nested
+   repetitions).  A region whose segments do not share one header and one exit becomes a local
+   generic loop ``(x | y | ...){m,n}``.  Each segment is then replaced by one loop token.
+4. **Sequence, alternatives, optionals.**  The loop-free sequences are decomposed recursively:
+   symbols that occur once in every non-empty sequence, in the same order, are *anchors* and become
+   the spine of a sequence; the gaps between anchors are synthesised recursively; a gap that is
+   empty in some sequences becomes optional (a skip edge); sequences with no common anchor split
+   into alternatives by connected groups of symbols; a group with no anchor and at most
+   ``max_alternatives`` distinct shapes is an alternative of those shapes; otherwise the symbols are
+   laid out in one topological order with skip edges (optionals; neighbours that never occur
+   together become an alternative), and only if there is no such order, a generic loop.
+5. **Bounds** (repetition counts, run lengths, fan-out widths) are *dominant percentiles* of the
+   observed values: the extreme values holding less than ``bound_tail`` of the mass at each end
+   are dropped (default 1%, i.e. roughly p1..p99, the same percentile as the length bound).
+6. **Check and fallback.**  The expression (followed by ``$``) must accept at least
+   ``min_acceptance`` of *all* the traces.  If it does not — the structure is not reducible, e.g. a
+   free-form group chat — the result is the generic bounded alternation loop
+   ``(a | b | <c>{1,3} | ...){m,n}`` over every step kind, with m..n the dominant percentiles of
+   trace lengths, widened to the observed extremes if needed so that it accepts at least
+   ``fallback_acceptance`` (95%) of the traces.
+Finally the choice probabilities are fitted on the traces (``paths.fit_weights``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from clairvoyant.profiler.core.automaton import DEFAULT_PRUNE_THRESHOLD, TransitionAutomaton, step_label
+from clairvoyant.profiler.core.expr import Agent, Alt, End, Expr, FanOut, Opt, Repeat, alt, seq
+from clairvoyant.profiler.core.paths import MAX_STATES, PathModel, Weights, fit_weights
+from clairvoyant.profiler.core.trace import Step
+
+
+@dataclass(frozen=True, slots=True)
+class SynthesisConfig:
+    prune_threshold: float = DEFAULT_PRUNE_THRESHOLD
+    bound_tail: float = 0.01
+    max_alternatives: int = 4
+    min_acceptance: float = 0.9
+    fallback_acceptance: float = 0.95
+
+
+@dataclass(frozen=True, slots=True)
+class SynthesisResult:
+    expr: Expr
+    weights: Weights
+    acceptance: float  # share of the input traces the expression accepts
+    structured: bool  # False: the generic fallback loop
+    dominant_traces: int  # traces that used no pruned transition
+
+
+def dominant_bounds(values: Sequence[int], tail: float) -> tuple[int, int]:
+    """(lo, hi): drop the smallest and the largest values while they hold < ``tail`` of the mass."""
+    counts = sorted(Counter(values).items())
+    total = len(values)
+    below = 0
+    lo_index = 0
+    for i, (_, n) in enumerate(counts):
+        if (below + n) / total < tail and i < len(counts) - 1:
+            below += n
+            lo_index = i + 1
+        else:
+            break
+    above = 0
+    hi_index = len(counts) - 1
+    for i in range(len(counts) - 1, lo_index, -1):
+        n = counts[i][1]
+        if (above + n) / total < tail:
+            above += n
+            hi_index = i - 1
+        else:
+            break
+    return counts[lo_index][0], counts[hi_index][0]
+
+
+@dataclass(frozen=True, slots=True)
+class _Tok:
+    sym: str
+    run: int = 1
+    widths: tuple[int, ...] = ()  # fan-out tokens: the width of each step of the run
+    members: tuple[str, ...] = ()  # fan-out tokens: distinct member agent ids
+
+
+@dataclass
+class _Synth:
+    config: SynthesisConfig
+    loops: dict[str, Expr] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------------ tokens
+
+    def bounds(self, values: Sequence[int]) -> tuple[int, int]:
+        return dominant_bounds(values, self.config.bound_tail)
+
+    def token_expr(self, occurrences: Sequence[_Tok]) -> Expr:
+        sym = occurrences[0].sym
+        if sym in self.loops:
+            return self.loops[sym]
+        if sym.startswith("<"):
+            members = sorted({m for t in occurrences for m in t.members})
+            wlo, whi = self.bounds([w for t in occurrences for w in t.widths])
+            body: Agent | Alt = (
+                Agent(members[0]) if len(members) == 1 else Alt(tuple(Agent(m) for m in members))
+            )
+            inner: Expr = FanOut(body, max(wlo, 1), max(whi, 1))
+        else:
+            inner = Agent(sym)
+        lo, hi = self.bounds([t.run for t in occurrences])
+        return inner if hi <= 1 else Repeat(inner, max(lo, 1), hi)
+
+    @staticmethod
+    def compress(sequence: Sequence[_Tok]) -> list[_Tok]:
+        out: list[_Tok] = []
+        for tok in sequence:
+            if out and out[-1].sym == tok.sym and tok.sym not in ("",) and not tok.sym.startswith("#"):
+                last = out[-1]
+                out[-1] = _Tok(
+                    last.sym,
+                    last.run + tok.run,
+                    last.widths + tok.widths,
+                    tuple(sorted({*last.members, *tok.members})),
+                )
+            else:
+                out.append(tok)
+        return out
+
+    # ------------------------------------------------------------------------- driver
+
+    def synth(self, sequences: Sequence[Sequence[_Tok]]) -> Expr | None:
+        seqs = [self.compress(s) for s in sequences]
+        seqs = self.drop_outliers(seqs)
+        for scc in self.sccs(seqs):
+            seqs = self.collapse(seqs, scc)
+        return self.synth_dag(seqs)
+
+    def drop_outliers(self, seqs: list[list[_Tok]]) -> list[list[_Tok]]:
+        support: Counter[tuple[str, str]] = Counter()
+        visits: Counter[str] = Counter()
+        for s in seqs:
+            syms = ["^", *(t.sym for t in s), "$"]
+            visits.update(set(syms[:-1]))
+            support.update(set(zip(syms, syms[1:], strict=False)))
+        kept = [
+            s
+            for s in seqs
+            if all(
+                support[(u, v)] / visits[u] >= self.config.prune_threshold
+                for u, v in zip(["^", *(t.sym for t in s)], [*(t.sym for t in s), "$"], strict=False)
+            )
+        ]
+        return kept or seqs
+
+    @staticmethod
+    def sccs(seqs: list[list[_Tok]]) -> list[frozenset[str]]:
+        graph: dict[str, set[str]] = {}
+        for s in seqs:
+            for a, b in zip(s, s[1:], strict=False):
+                graph.setdefault(a.sym, set()).add(b.sym)
+                graph.setdefault(b.sym, set())
+            for t in s:
+                graph.setdefault(t.sym, set())
+        index: dict[str, int] = {}
+        low: dict[str, int] = {}
+        stack: list[str] = []
+        on_stack: set[str] = set()
+        found: list[frozenset[str]] = []
+        counter = 0
+        for root in sorted(graph):  # iterative Tarjan
+            if root in index:
+                continue
+            work = [(root, iter(sorted(graph[root])))]
+            index[root] = low[root] = counter
+            counter += 1
+            stack.append(root)
+            on_stack.add(root)
+            while work:
+                node, children = work[-1]
+                advanced = False
+                for child in children:
+                    if child not in index:
+                        index[child] = low[child] = counter
+                        counter += 1
+                        stack.append(child)
+                        on_stack.add(child)
+                        work.append((child, iter(sorted(graph[child]))))
+                        advanced = True
+                        break
+                    if child in on_stack:
+                        low[node] = min(low[node], index[child])
+                if advanced:
+                    continue
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = set()
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.add(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(frozenset(component))
+        return found
+
+    # -------------------------------------------------------------------------- loops
+
+    def collapse(self, seqs: list[list[_Tok]], scc: frozenset[str]) -> list[list[_Tok]]:
+        """Replace every maximal segment inside ``scc`` by one loop token."""
+        segments: list[list[_Tok]] = []
+        for s in seqs:
+            i = 0
+            while i < len(s):
+                if s[i].sym in scc:
+                    j = i
+                    while j < len(s) and s[j].sym in scc:
+                        j += 1
+                    segments.append(s[i:j])
+                    i = j
+                else:
+                    i += 1
+        sym = f"#{len(self.loops)}"
+        self.loops[sym] = self.loop_expr(segments)
+        out: list[list[_Tok]] = []
+        for s in seqs:
+            new: list[_Tok] = []
+            for tok in s:
+                if tok.sym in scc:
+                    if not new or new[-1].sym != sym:
+                        new.append(_Tok(sym))
+                else:
+                    new.append(tok)
+            out.append(new)
+        return out
+
+    def loop_expr(self, segments: list[list[_Tok]]) -> Expr:
+        header = Counter(s[0].sym for s in segments).most_common(1)[0][0]
+        exit_ = Counter(s[-1].sym for s in segments).most_common(1)[0][0]
+        conforming = [s for s in segments if s[0].sym == header and s[-1].sym == exit_]
+        blocks_per = [self.split(s, header) for s in conforming]
+        full_ends = Counter(b[-1].sym for blocks in blocks_per for b in blocks[:-1])
+        if len(conforming) < (1 - self.config.prune_threshold) * len(segments) or not full_ends:
+            return self.generic_loop(segments)
+        if full_ends.most_common(1)[0][0] == exit_:  # do-while: B^k
+            return self.repeat([blocks for blocks in blocks_per], lo_floor=1)
+        # rework: L (R L)^k -- cut every full block after its first ``exit_``
+        firsts: list[list[_Tok]] = []
+        iterations: list[list[list[_Tok]]] = []
+        for blocks in blocks_per:
+            parts = []
+            for b in blocks[:-1]:
+                cut = next((i for i, t in enumerate(b) if t.sym == exit_), None)
+                if cut is None:
+                    return self.generic_loop(segments)
+                parts.append((b[: cut + 1], b[cut + 1 :]))
+            lefts = [p[0] for p in parts] + [blocks[-1]]
+            firsts.append(lefts[0])
+            iterations.append([p[1] + lefts[i + 1] for i, p in enumerate(parts)])
+        head = self.synth(firsts)
+        return seq(head, self.repeat(iterations, lo_floor=0)) or self.generic_loop(segments)
+
+    @staticmethod
+    def split(segment: list[_Tok], header: str) -> list[list[_Tok]]:
+        blocks: list[list[_Tok]] = [[]]
+        for i, tok in enumerate(segment):
+            if i > 0 and tok.sym == header:
+                blocks.append([])
+            blocks[-1].append(tok)
+        return blocks
+
+    def repeat(self, iterations: list[list[list[_Tok]]], lo_floor: int) -> Expr | None:
+        """(B){m,n} over per-segment iteration lists; {0,1} -> (B)?, {1,2} -> B1 -> (B2)?."""
+        lo, hi = self.bounds([len(its) for its in iterations])
+        lo = max(lo, lo_floor)
+        hi = max(hi, lo)
+        if hi == 0:
+            return None
+        if (lo, hi) == (1, 2):
+            first = self.synth([its[0] for its in iterations if its])
+            second = self.synth([its[1] for its in iterations if len(its) > 1])
+            return seq(first, Opt(second)) if second is not None else first
+        body = self.synth([b for its in iterations for b in its])
+        if body is None:
+            return None
+        if (lo, hi) == (1, 1):
+            return body
+        if (lo, hi) == (0, 1):
+            return Opt(body)
+        return Repeat(body, lo, hi)
+
+    def generic_loop(self, segments: Sequence[Sequence[_Tok]]) -> Expr:
+        by_sym: dict[str, list[_Tok]] = {}
+        for s in segments:
+            for t in s:
+                by_sym.setdefault(t.sym, []).append(_Tok(t.sym, 1, t.widths, t.members))
+        options = [self.token_expr(occ) for _, occ in sorted(by_sym.items())]
+        lo, hi = self.bounds([sum(t.run for t in s) for s in segments])
+        body = alt(*options)
+        hi = min(max(hi, 1), _max_repeat(body))
+        lo = min(lo, hi)
+        return body if (lo, hi) == (1, 1) else Repeat(body, lo, hi)
+
+    # ------------------------------------------------------------------- loop-free part
+
+    def synth_dag(self, seqs: list[list[_Tok]]) -> Expr | None:
+        nonempty = [s for s in seqs if s]
+        if not nonempty:
+            return None
+        optional = len(nonempty) < len(seqs)
+        body = self.synth_nonempty(nonempty)
+        if not optional:
+            return body
+        return body if isinstance(body, Opt) else Opt(body)
+
+    def synth_nonempty(self, seqs: list[list[_Tok]]) -> Expr:
+        if any(len({t.sym for t in s}) < len(s) for s in seqs):
+            return self.generic_loop(seqs)
+        anchors = self.anchors(seqs)
+        if anchors:
+            parts: list[Expr | None] = []
+            cuts = [[next(i for i, t in enumerate(s) if t.sym == a) for a in anchors] for s in seqs]
+            for k in range(len(anchors) + 1):
+                gaps = [
+                    s[(c[k - 1] + 1 if k else 0) : (c[k] if k < len(anchors) else len(s))]
+                    for s, c in zip(seqs, cuts, strict=True)
+                ]
+                parts.append(self.synth_dag(gaps))
+                if k < len(anchors):
+                    parts.append(self.token_expr([s[c[k]] for s, c in zip(seqs, cuts, strict=True)]))
+            result = seq(*parts)
+            assert result is not None
+            return result
+        groups = self.groups(seqs)
+        if len(groups) > 1:
+            return alt(*(self.synth_nonempty(g) for g in sorted(groups, key=len, reverse=True)))
+        shapes: dict[tuple[str, ...], list[list[_Tok]]] = {}
+        for s in seqs:
+            shapes.setdefault(tuple(t.sym for t in s), []).append(s)
+        if len(shapes) <= self.config.max_alternatives:
+            options = []
+            for members in sorted(shapes.values(), key=len, reverse=True):
+                option = seq(*(self.token_expr([m[i] for m in members]) for i in range(len(members[0]))))
+                assert option is not None
+                options.append(option)
+            return alt(*options)
+        return self.linear(seqs) or self.generic_loop(seqs)
+
+    def linear(self, seqs: list[list[_Tok]]) -> Expr | None:
+        """Skip edges over one topological order: every sequence is a subsequence of the order;
+        neighbours that never occur together become an alternative; items missing from some
+        sequences are optional, and neighbouring optionals present in the same sequences share one
+        ``(...)?``.  None when the symbols have no common order."""
+        after: dict[str, set[str]] = {}
+        where: dict[str, set[int]] = {}
+        position: dict[str, list[int]] = {}
+        for n, s in enumerate(seqs):
+            for i, t in enumerate(s):
+                after.setdefault(t.sym, set()).update(u.sym for u in s[i + 1 :])
+                where.setdefault(t.sym, set()).add(n)
+                position.setdefault(t.sym, []).append(i)
+        order: list[str] = []
+        pending = set(after)
+        while pending:  # Kahn, ties by mean position
+            ready = [x for x in pending if not any(x in after[y] for y in pending if y != x)]
+            if not ready:
+                return None
+            nxt = min(ready, key=lambda x: (sum(position[x]) / len(position[x]), x))
+            order.append(nxt)
+            pending.discard(nxt)
+        blocks: list[list[str]] = []
+        for sym in order:
+            if blocks and all(not (where[sym] & where[other]) for other in blocks[-1]):
+                blocks[-1].append(sym)
+            else:
+                blocks.append([sym])
+        items: list[tuple[frozenset[int], Expr]] = []
+        for block in blocks:
+            present = frozenset().union(*(where[x] for x in block))
+            options = [self.token_expr([t for s in seqs for t in s if t.sym == x]) for x in block]
+            items.append((present, alt(*options)))
+        parts: list[Expr | None] = []
+        everyone = frozenset(range(len(seqs)))
+        i = 0
+        while i < len(items):
+            present, expr = items[i]
+            j = i + 1
+            while present != everyone and j < len(items) and items[j][0] == present:
+                j += 1
+            group = seq(*(e for _, e in items[i:j]))
+            assert group is not None
+            parts.append(group if present == everyone else Opt(group))
+            i = j
+        return seq(*parts)
+
+    @staticmethod
+    def anchors(seqs: list[list[_Tok]]) -> list[str]:
+        common = set.intersection(*({t.sym for t in s} for s in seqs))
+        order = [t.sym for t in seqs[0] if t.sym in common]
+        positions = [{t.sym: i for i, t in enumerate(s)} for s in seqs]
+        kept: list[str] = []
+        for sym in order:
+            if all(not kept or pos[sym] > pos[kept[-1]] for pos in positions):
+                kept.append(sym)
+        return kept
+
+    @staticmethod
+    def groups(seqs: list[list[_Tok]]) -> list[list[list[_Tok]]]:
+        parent: dict[str, str] = {}
+
+        def find(x: str) -> str:
+            while parent.setdefault(x, x) != x:
+                parent[x] = parent[parent[x]]
+                x = parent[x]
+            return x
+
+        for s in seqs:
+            for t in s[1:]:
+                parent[find(t.sym)] = find(s[0].sym)
+            find(s[0].sym)
+        out: dict[str, list[list[_Tok]]] = {}
+        for s in seqs:
+            out.setdefault(find(s[0].sym), []).append(s)
+        return list(out.values())
+
+
+def _max_repeat(body: Expr) -> int:
+    """The largest repetition count that keeps the unrolled automaton well under MAX_STATES."""
+    size = len(body.options) + 3 if isinstance(body, Alt) else 4
+    return max(1, MAX_STATES // (2 * size))
+
+
+def _token(step: Step) -> _Tok:
+    if len(step.agents) == 1:
+        return _Tok(step.agents[0])
+    return _Tok(step_label(step), 1, (len(step.agents),), tuple(sorted(set(step.agents))))
+
+
+def _acceptance(expr: Expr, traces: Sequence[Sequence[Step]]) -> float:
+    model = PathModel(expr)
+    return sum(model.accepts(t) for t in traces) / len(traces) if traces else 0.0
+
+
+def generic_expression(traces: Sequence[Sequence[Step]], config: SynthesisConfig = SynthesisConfig()) -> Expr:
+    """``(x | y | <z>{m,n} | ...){lo,hi} -> $`` over every step kind; accepts >= fallback_acceptance."""
+    synth = _Synth(config)
+    tokens = [[_token(s) for s in t] for t in traces if t]
+    for tail in (config.bound_tail, 0.0):
+        synth.config = SynthesisConfig(config.prune_threshold, tail, config.max_alternatives)
+        loop = synth.generic_loop(tokens)
+        expr = seq(Opt(loop) if any(not t for t in traces) else loop, End())
+        assert expr is not None
+        if tail == 0.0 or _acceptance(expr, traces) >= config.fallback_acceptance:
+            return expr
+    raise AssertionError("unreachable")
+
+
+def synthesize(
+    traces: Sequence[Sequence[Step]],
+    automaton: TransitionAutomaton | None = None,
+    config: SynthesisConfig = SynthesisConfig(),
+) -> SynthesisResult:
+    """Synthesise the bounded path expression of a workflow type from its traces (module doc)."""
+    traces = [tuple(t) for t in traces]
+    if not traces:
+        raise ValueError("synthesis needs at least one trace")
+    automaton = automaton or TransitionAutomaton.from_traces(traces)
+    pruned = automaton.pruned(config.prune_threshold)
+    dominant = [t for t in traces if pruned.allows(t)] or traces
+    body = _Synth(config).synth([[_token(s) for s in t] for t in dominant])
+    expr = seq(body, End())
+    assert expr is not None
+    acceptance = _acceptance(expr, traces)
+    structured = acceptance >= config.min_acceptance
+    if not structured:
+        expr = generic_expression(traces, config)
+        acceptance = _acceptance(expr, traces)
+    return SynthesisResult(expr, fit_weights(expr, traces), acceptance, structured, len(dominant))

@@ -1,0 +1,144 @@
+"""The trace model: agent calls of one workflow instance, grouped into steps.
+
+A *step* is one agent call or a group of calls that ran in parallel.  Parallel calls are recognised
+with Kairos' reconstruction (seed 004, §4.2): a sweep line over the calls' spans finds calls whose
+execution overlapped, and upstream/parent information, when the application sends it, separates
+calls that overlap only because one triggered the other.
+
+    time ->      planner |====|
+                 explorer        |=====|            one step: {planner}
+                 explorer          |====|           one step: {explorer, explorer, explorer}
+                 explorer         |=======|
+                 engineer                   |===|   one step: {engineer}
+
+Choices:
+* Overlap is strict (``next.start < current_end``); a call that starts exactly when another ends is
+  sequential.  With 1-second timestamps (ChatDev logs) back-to-back calls therefore stay sequential.
+* Within one overlap component, a call whose parent request (``parent_request_ids``) or upstream
+  agent (``upstream_agent_id``, matched to the latest earlier-starting call of that agent) is in
+  the same component comes after it: the component is split into dependency layers, one step each.
+* A long call overlapping a run of short ones merges them into one group; the data cannot tell that
+  apart from a true fan-out without parent ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One completed LLM call of a workflow instance (times in seconds on any one time scale)."""
+
+    request_id: str
+    agent_id: str
+    start: float
+    end: float
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    upstream_agent_id: str | None = None
+    parent_request_ids: tuple[str, ...] = ()
+    tool: str | None = None  # the tool call that preceded this request, when the app says so
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Step:
+    """The symbol a path expression matches: the sorted agent ids of one step (a multiset)."""
+
+    agents: tuple[str, ...]
+
+    @staticmethod
+    def of(*agents: str) -> Step:
+        if not agents:
+            raise ValueError("a step has at least one agent")
+        return Step(tuple(sorted(agents)))
+
+    @property
+    def parallel(self) -> bool:
+        return len(self.agents) > 1
+
+    def __str__(self) -> str:
+        return self.agents[0] if len(self.agents) == 1 else "{" + ", ".join(self.agents) + "}"
+
+
+StepLike = Step | str | Sequence[str]
+
+
+def as_step(value: StepLike) -> Step:
+    """``"a"`` -> Step(("a",)); ``("b", "a")`` -> Step(("a", "b")); a Step is returned as is."""
+    if isinstance(value, Step):
+        return value
+    if isinstance(value, str):
+        return Step((value,))
+    return Step.of(*value)
+
+
+def as_steps(values: Iterable[StepLike]) -> tuple[Step, ...]:
+    return tuple(as_step(v) for v in values)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowTrace:
+    """One workflow instance, reconstructed: ``calls[i]`` are the calls of ``steps[i]``."""
+
+    workflow_id: str
+    steps: tuple[Step, ...]
+    calls: tuple[tuple[Call, ...], ...] = field(repr=False)
+
+    @property
+    def start(self) -> float:
+        return min(c.start for c in self.calls[0]) if self.calls else 0.0
+
+    @property
+    def end(self) -> float:
+        return max(c.end for group in self.calls for c in group) if self.calls else 0.0
+
+    def all_calls(self) -> list[Call]:
+        return [c for group in self.calls for c in group]
+
+
+def _overlap_components(calls: list[Call]) -> list[list[Call]]:
+    """The sweep line: calls sorted by start; a call joins the running component while it starts
+    before the component's latest end."""
+    components: list[list[Call]] = []
+    current_end = float("-inf")
+    for call in calls:
+        if components and call.start < current_end:
+            components[-1].append(call)
+            current_end = max(current_end, call.end)
+        else:
+            components.append([call])
+            current_end = call.end
+    return components
+
+
+def _layers(component: list[Call]) -> list[list[Call]]:
+    """Split an overlap component into dependency layers (parents / upstream agent inside it)."""
+    if len(component) == 1:
+        return [component]
+    by_id = {c.request_id: c for c in component}
+    depth: dict[str, int] = {}
+    for index, call in enumerate(component):  # sorted by start, so parents come first
+        # Only parents that started earlier count (a skewed clock cannot create a cycle).
+        parents = [by_id[p] for p in call.parent_request_ids if p in depth]
+        if not parents and call.upstream_agent_id is not None and not call.parent_request_ids:
+            earlier = [c for c in component[:index] if c.agent_id == call.upstream_agent_id]
+            parents = earlier[-1:]
+        depth[call.request_id] = 1 + max((depth[p.request_id] for p in parents), default=-1)
+    layers: dict[int, list[Call]] = {}
+    for call in component:
+        layers.setdefault(depth[call.request_id], []).append(call)
+    return [layers[d] for d in sorted(layers)]
+
+
+def build_trace(workflow_id: str, calls: Iterable[Call]) -> WorkflowTrace:
+    """Reconstruct the steps of one workflow instance from its calls (any order)."""
+    ordered = sorted(calls, key=lambda c: (c.start, c.end, c.request_id))
+    steps: list[Step] = []
+    groups: list[tuple[Call, ...]] = []
+    for component in _overlap_components(ordered):
+        for layer in _layers(component):
+            steps.append(Step.of(*(c.agent_id for c in layer)))
+            groups.append(tuple(layer))
+    return WorkflowTrace(workflow_id, tuple(steps), tuple(groups))
