@@ -21,6 +21,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -76,6 +77,23 @@ class StackConfig:
             gateway_port=int(env.get("CV_GATEWAY_PORT", "8000")),
             nats_url=env.get("CV_NATS_URL") or None,
             policy=env.get("CV_POLICY") or None,
+        )
+
+    @classmethod
+    def on_free_ports(cls, var_dir: Path, *, env: dict[str, str] | None = None, **fields: Any) -> StackConfig:
+        """A private stack for tests and benchmarks: every port free, quiet logs, SQLite under
+        ``var_dir``; ``env`` adds to that environment, ``fields`` set the rest."""
+        base_env = {"CV_LOG_LEVEL": "WARNING", "CV_DATABASE_URL": f"sqlite:///{var_dir / 'gateway.db'}"}
+        return cls(
+            var_dir=var_dir,
+            gateway_port=free_port(),
+            gateway_grpc_port=free_port(),
+            scheduler_port=free_port(),
+            scheduler_metrics_port=free_port(),
+            worker_grpc_base=free_port(),
+            worker_http_base=free_port(),
+            env={**base_env, **(env or {})},
+            **fields,
         )
 
 

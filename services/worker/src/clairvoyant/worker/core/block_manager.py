@@ -148,6 +148,7 @@ class BlockManager:
         assert count >= 0, f"block {b} freed twice"
         if count == 1 and self.cache is not None and b in self.cache:
             self._num_cached_only += 1
+            self.cache.note_unreferenced(b)
         elif count == 0:
             self._free.append(b)
 

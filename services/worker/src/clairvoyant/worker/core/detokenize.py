@@ -50,6 +50,24 @@ class IncrementalDetokenizer:
             self._prefix_offset = self._read_offset
             self._read_offset = len(self._token_ids)
 
+    def extend(self, token_ids: Sequence[int]) -> None:
+        """Add many generated tokens at once, decoding the window once instead of per token.
+
+        The text after the last token equals what ``append`` per token gives, except that a
+        character still incomplete at the end holds back the text decoded in the same call.
+        """
+        assert not self.stopped
+        if not token_ids:
+            return
+        self._token_ids.extend(token_ids)
+        prefix_text = self._tokenizer.decode(self._token_ids[self._prefix_offset : self._read_offset])
+        full_text = self._tokenizer.decode(self._token_ids[self._prefix_offset :])
+        if len(full_text) > len(prefix_text) and not full_text.endswith(_REPLACEMENT_CHAR):
+            self.text += full_text[len(prefix_text) :]
+            # Keep a short left context, as ``append`` does: the window restarts near the end.
+            self._prefix_offset = max(self._read_offset, len(self._token_ids) - _PROMPT_CONTEXT_TOKENS)
+            self._read_offset = len(self._token_ids)
+
     def take(self, check_stop: bool) -> str:
         """Release what is final; with ``check_stop``, match stop strings in the text not yet scanned."""
         if check_stop and self._stop:

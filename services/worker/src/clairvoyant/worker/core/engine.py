@@ -12,6 +12,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from clairvoyant.worker.core.block_manager import BlockManager
+from clairvoyant.worker.core.decode_run import (
+    DecodeRun,
+    allocation_steps,
+    decodable,
+    finishes_after,
+    replay_block_events,
+    steps_to_first_finish,
+)
 from clairvoyant.worker.core.detokenize import IncrementalDetokenizer
 from clairvoyant.worker.core.sampling import SamplingParams, make_generator, sample
 from clairvoyant.worker.core.scheduler import Scheduler, SchedulerOutput
@@ -24,10 +32,11 @@ from clairvoyant.worker.core.types import (
     Lineage,
     RequestOutput,
 )
-from clairvoyant.worker.runners.base import ForwardItem, ModelRunner
+from clairvoyant.worker.runners.base import FastForwardRunner, ForwardItem, ModelRunner
 
 __all__ = [
     "ContextLengthExceeded",
+    "DecodeRun",
     "EngineConfig",
     "EngineRequest",
     "EngineStats",
@@ -160,6 +169,78 @@ class LLMEngine:
                 continue
             self.kv.cache_computed_blocks(seq)
         return outputs
+
+    # ---- decode runs (core/decode_run.py) ------------------------------------------------------
+    def plan_decode_run(self, max_steps: int = 1 << 20) -> DecodeRun | None:
+        """The next steps, if they are at least two plain decode steps of the running batch that
+        nothing but a new or aborted request could change, up to the first step that finishes a
+        sequence; None otherwise.  Changes nothing."""
+        runner, sched = self.runner, self.scheduler
+        running = sched.running
+        if (
+            not running
+            or sched.waiting
+            or self._aborted
+            or len(running) > sched.max_num_batched_tokens
+            or not isinstance(runner, FastForwardRunner)
+            or not all(decodable(seq) for seq in running)
+        ):
+            return None
+        horizon = min(max_steps, steps_to_first_finish(running))
+        if horizon < 2:
+            return None
+        now = self.clock()
+        seqs = tuple(sorted(running, key=lambda seq: sched.urgency(seq, now), reverse=True))  # batch order
+        allocations = allocation_steps(seqs, self.kv.block_size, horizon)
+        allocatable = self.kv.num_allocatable_blocks
+        num_steps = horizon if len(allocations) <= allocatable else int(allocations[allocatable])
+        if num_steps < 2:
+            return None
+        computed = tuple(seq.num_computed_tokens for seq in seqs)
+        return DecodeRun(
+            seqs=seqs,
+            start_computed=computed,
+            step_seconds=tuple(runner.decode_run_seconds(computed, num_steps)),
+            allocation_steps=tuple(int(s) for s in allocations if s < num_steps),
+            kv_blocks_used_before=self.kv.num_used_blocks,
+            kv_blocks_free_before=self.kv.num_blocks - self.kv.num_used_blocks,
+        )
+
+    def advance_decode(self, run: DecodeRun, num_steps: int) -> list[RequestOutput]:
+        """Take the first ``num_steps`` steps of ``run``: one output per sequence, with its
+        ``num_steps`` new tokens (finished if they reach its limit).  Raises ValueError if the batch
+        changed since the plan."""
+        if not 1 <= num_steps <= run.num_steps:
+            raise ValueError(f"num_steps must be in [1, {run.num_steps}], got {num_steps}")
+        if self._aborted or any(
+            seq.status is not SequenceStatus.RUNNING or seq.num_computed_tokens != computed
+            for seq, computed in zip(run.seqs, run.start_computed, strict=True)
+        ) or len(run.seqs) != len(self.scheduler.running):
+            raise ValueError("the decode run is stale: the batch changed since it was planned")
+        runner = self.runner
+        assert isinstance(runner, FastForwardRunner)
+        new_tokens = []
+        for seq, computed in zip(run.seqs, run.start_computed, strict=True):
+            tokens = runner.decode_tokens(seq.seq_id, computed, num_steps)
+            seq.token_ids.extend(tokens)
+            new_tokens.append(tokens)
+        finished = [finishes_after(seq, 0) for seq in run.seqs]  # tokens are appended already
+        replay_block_events(run, num_steps, self.kv, finished, self._finish_by_length)
+        runner.account_steps(run.step_seconds[:num_steps])
+        self._generated_tokens_total += num_steps * len(run.seqs)
+        self.last_schedule = SchedulerOutput()
+        outputs = []
+        for seq, tokens, done in zip(run.seqs, new_tokens, finished, strict=True):
+            detok = seq.detokenizer
+            detok.extend(tokens)
+            text = detok.take(check_stop=False) + (detok.flush() if done else "")
+            outputs.append(self._output(seq, tokens, text, done))
+        return outputs
+
+    def _finish_by_length(self, seq: Sequence) -> None:
+        seq.finish_reason = "length"
+        del self._seqs[seq.request_id]
+        self.scheduler.remove(seq)
 
     def _append_token(self, seq: Sequence, token_id: int, now: float) -> RequestOutput:
         params = seq.params

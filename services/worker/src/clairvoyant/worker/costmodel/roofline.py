@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
+import numpy as np
+
 from clairvoyant.worker.costmodel.gpus import GB, GpuSpec
 from clairvoyant.worker.costmodel.models import BF16_BYTES, ModelSpec
 
@@ -115,6 +117,30 @@ class CostModel:
         overhead = self.gpu.step_overhead
         busy = max(compute, memory) + (1.0 - self.overlap) * min(compute, memory)
         return StepCost(busy + comm + overhead, compute, memory, comm, overhead, flops, hbm_bytes)
+
+    def decode_run_seconds(self, cached_tokens: Sequence[int], num_steps: int) -> np.ndarray:
+        """Seconds of each of ``num_steps`` consecutive decode-only steps of one batch.
+
+        Item ``i`` decodes one token per step after ``cached_tokens[i]`` (plus one more per step).
+        Element ``s`` equals ``step_cost([BatchItem(1, c + s) for c in cached_tokens]).seconds``
+        bit for bit: the same operations in the same order, on arrays.
+        """
+        rows = len(cached_tokens)
+        if rows == 0 or num_steps <= 0:
+            return np.zeros(max(0, num_steps))
+        if min(cached_tokens) < 0:
+            raise ValueError("cached_tokens must be >= 0")
+        steps = np.arange(num_steps, dtype=np.int64)
+        # Per step: keys = kv_tokens = sum_i (c_i + s + 1).
+        keys = (sum(cached_tokens) + rows) + rows * steps
+        model, tp = self.model, self.tp
+        attention = 4.0 * model.layers * model.heads * model.head_dim * keys  # model.attention_flops
+        flops = (self._layer_flops_per_token * rows + self._head_flops_per_item * rows + attention) / tp
+        hbm_bytes = model.streamed_weight_bytes / tp + self.kv_bytes_per_token_per_gpu * keys
+        compute = flops / self._peak_flops
+        memory = hbm_bytes / self._peak_bandwidth
+        busy = np.maximum(compute, memory) + (1.0 - self.overlap) * np.minimum(compute, memory)
+        return busy + self.allreduce_seconds(rows) + self.gpu.step_overhead
 
     def step_time(
         self, prefill_tokens_per_item: Sequence[int] = (), decode_context_lens: Sequence[int] = ()

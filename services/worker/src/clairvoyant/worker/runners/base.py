@@ -105,3 +105,27 @@ class SizesOwnKvPool(Protocol):
     def default_num_blocks(self, block_size: int) -> int | None:
         """KV blocks of ``block_size`` tokens the device holds, or ``None`` to use the configured size."""
         ...
+
+
+@runtime_checkable
+class FastForwardRunner(Protocol):
+    """Optional for a ``ModelRunner``: its decode steps' tokens and durations are known in advance.
+
+    The emulated runner computes nothing, so the engine can take many plain decode steps of one
+    batch at once (``LLMEngine.plan_decode_run``) with exactly the tokens and predicted times that
+    ``forward`` would have given step by step.  The simulator uses this to skip per-token work.
+    """
+
+    def decode_tokens(self, seq_id: int, first_position: int, num_steps: int) -> list[int]:
+        """Tokens sampled by ``num_steps`` decode steps of sequence ``seq_id`` (any sampling
+        parameters), the first step computing position ``first_position``."""
+        ...
+
+    def decode_run_seconds(self, cached_tokens: Sequence[int], num_steps: int) -> Sequence[float]:
+        """Predicted seconds of each of ``num_steps`` decode-only steps of a batch whose item ``i``
+        has ``cached_tokens[i]`` tokens computed before the first step.  Pure."""
+        ...
+
+    def account_steps(self, step_seconds: Sequence[float]) -> None:
+        """Count steps taken through the fast path in the runner's diagnostics."""
+        ...

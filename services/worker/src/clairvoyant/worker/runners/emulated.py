@@ -29,10 +29,21 @@ from clairvoyant.worker.runners.tokenizer import ByteTokenizer
 EMULATED_SPECIAL_TOKENS = ("<bos>", "<eos>", "<|im_start|>", "<|im_end|>")  # ids 256, 257, 258, 259
 EMULATED_EOS_IDS = (257, 259)  # never sampled: the logits put all mass on the placeholder
 PLACEHOLDER_TOKEN = ord("x")  # every generated token; printable, one byte, never EOS
+DISTINCT_FIRST, DISTINCT_COUNT = 33, 94  # distinct_tokens: printable ASCII '!' .. '~'
+
+
+def _distinct_row(seq_id: int, position: int) -> int:
+    """``distinct_tokens``: the emitted token for ``position`` is ``DISTINCT_FIRST`` + this."""
+    return (seq_id * 131 + position * 7) % DISTINCT_COUNT
+
+
+# distinct_tokens: the emitted tokens of consecutive positions, one period, and each row's place in it.
+_TOKEN_CYCLE = [DISTINCT_FIRST + (7 * i) % DISTINCT_COUNT for i in range(DISTINCT_COUNT)]
+_CYCLE_INDEX = {(7 * i) % DISTINCT_COUNT: i for i in range(DISTINCT_COUNT)}
 
 
 class EmulatedRunner:
-    """Implements ``runners.base.ModelRunner`` and ``runners.base.SizesOwnKvPool``.
+    """Implements ``runners.base.ModelRunner``, ``SizesOwnKvPool`` and ``FastForwardRunner``.
 
     ``busy_seconds`` sums the predicted time of every step so far; ``last_step_seconds`` and
     ``last_step`` (the roofline terms) describe the latest one.
@@ -79,6 +90,11 @@ class EmulatedRunner:
         )
         self._sleep = sleep
         self.distinct_tokens = distinct_tokens
+        # One logits row per token the runner can emit (-inf but for that token), built once:
+        # a step gathers its rows with one index_select instead of writing each row.
+        emitted = range(DISTINCT_FIRST, DISTINCT_FIRST + DISTINCT_COUNT) if distinct_tokens else [PLACEHOLDER_TOKEN]
+        self._rows = torch.full((len(emitted), tokenizer.vocab_size), float("-inf"))
+        self._rows[range(len(emitted)), list(emitted)] = 0.0
         self.num_blocks = 0
         self.block_size = 0
         self.steps = 0
@@ -109,15 +125,33 @@ class EmulatedRunner:
         self.last_step = cost
         if cost.seconds > 0:
             self._sleep(cost.seconds)
-        wanted = [item for item in items if item.want_logits]
-        logits = torch.full((len(wanted), self.info.vocab_size), float("-inf"))
+        # Greedy or sampled, at any temperature, each row can only give its one token.
         if not self.distinct_tokens:
-            logits[:, PLACEHOLDER_TOKEN] = 0.0  # greedy or sampled, at any temperature: the placeholder
-            return logits
-        for row, item in enumerate(wanted):
-            position = item.start_pos + len(item.token_ids)
-            logits[row, 33 + (item.seq_id * 131 + position * 7) % 94] = 0.0  # printable ASCII
-        return logits
+            wanted = sum(1 for item in items if item.want_logits)
+            return self._rows.expand(wanted, -1).clone()  # the placeholder on every row
+        rows = [_distinct_row(item.seq_id, item.start_pos + len(item.token_ids)) for item in items if item.want_logits]
+        return self._rows.index_select(0, torch.tensor(rows, dtype=torch.long))
+
+    # ---- FastForwardRunner: what ``forward`` would give, many decode steps at once ---------------
+    def decode_tokens(self, seq_id: int, first_position: int, num_steps: int) -> list[int]:
+        """A decode step computing position ``p`` samples the token for position ``p + 1``."""
+        if not self.distinct_tokens:
+            return [PLACEHOLDER_TOKEN] * num_steps
+        # Row(p) = (131 s + 7 p) mod 94 steps by 7 per position: a slice of the cycle, from its phase.
+        start = _CYCLE_INDEX[_distinct_row(seq_id, first_position + 1)]
+        cycle = _TOKEN_CYCLE * (1 + (start + num_steps) // DISTINCT_COUNT)
+        return cycle[start : start + num_steps]
+
+    def decode_run_seconds(self, cached_tokens: Sequence[int], num_steps: int) -> Sequence[float]:
+        return self.cost.decode_run_seconds(cached_tokens, num_steps).tolist()
+
+    def account_steps(self, step_seconds: Sequence[float]) -> None:
+        for seconds in step_seconds:  # the same additions, in order, as one ``forward`` per step
+            self.busy_seconds += seconds
+        self.steps += len(step_seconds)
+        if step_seconds:
+            self.last_step_seconds = step_seconds[-1]
+            self.last_step = None  # the terms of a fast-forwarded step are not kept
 
     @property
     def startup_seconds(self) -> float:

@@ -98,7 +98,11 @@ class ByteTokenizer:
         return ids
 
     def decode(self, token_ids: Sequence[int]) -> str:
-        return bytes(t for t in token_ids if 0 <= t < 256).decode("utf-8", errors="replace")
+        try:
+            data = bytes(token_ids)  # all plain bytes: the common case, without a Python-level loop
+        except ValueError:  # special tokens (ids >= 256) decode to nothing
+            data = bytes(t for t in token_ids if 0 <= t < 256)
+        return data.decode("utf-8", errors="replace")
 
     def apply_chat_template(
         self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True

@@ -1,0 +1,128 @@
+"""Decode runs: many plain decode steps of one batch taken at once, equal to stepping one by one.
+
+When nothing but the steps themselves can change the batch for a while (nothing waits, every
+running sequence is decoding, the KV pool has the blocks), the next ``k`` engine steps are fully
+determined up to and including the step where the first sequence reaches its length limit: each
+sequence gets one token per step, takes a block when it crosses a block boundary and hands a block
+to the prefix cache when one fills, and the sequences that reach the limit on the last step finish.  With a ``FastForwardRunner`` (tokens and step
+times known without computing them, i.e. the emulated runner) the engine takes those steps in one
+call, in O(blocks) work instead of O(tokens)::
+
+    plan = engine.plan_decode_run()           # None, or k steps and their predicted seconds
+    ...                                       # requests added meanwhile just wait
+    outputs = engine.advance_decode(plan, n)  # commit the first n <= k steps
+
+Afterwards the state (tokens, block tables and ids, prefix-cache contents and LRU clock, counters)
+is what ``n`` calls to ``step()`` leave; tests compare the two.  Block events are replayed in step
+order because both the free list and the cache's LRU tie-break depend on it::
+
+    step s:  allocations (batch order) -> forward -> finishes (batch order) -> full blocks cached
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+import numpy as np
+
+from clairvoyant.worker.core.block_manager import BlockManager
+from clairvoyant.worker.core.sequence import Sequence, SequenceStatus
+
+ALLOCATE, FINISH, CACHE = 0, 1, 2  # event kinds, in their order within a step
+
+
+@dataclass(frozen=True)
+class DecodeRun:
+    """``num_steps`` decode steps of ``seqs`` (batch order), not yet taken."""
+
+    seqs: tuple[Sequence, ...]
+    start_computed: tuple[int, ...]  # each sequence's num_computed_tokens before the first step
+    step_seconds: tuple[float, ...]  # the runner's prediction, one per step
+    allocation_steps: tuple[int, ...]  # sorted: the step of every block allocation in the run
+    kv_blocks_used_before: int
+    kv_blocks_free_before: int
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.step_seconds)
+
+    def kv_blocks_used_after(self, steps: int) -> int:
+        """Blocks in use once the first ``steps`` steps allocated theirs (as ``stats()`` would say).
+
+        Allocating beyond the free list evicts cached-only blocks, which leaves the count unchanged.
+        """
+        allocated = bisect.bisect_left(self.allocation_steps, steps)
+        return self.kv_blocks_used_before + min(allocated, self.kv_blocks_free_before)
+
+
+def decodable(seq: Sequence) -> bool:
+    """Whether a running sequence's next steps are plain decodes whose text needs no stop check."""
+    return seq.status is SequenceStatus.RUNNING and seq.num_uncomputed_tokens == 1 and not seq.params.stop
+
+
+def steps_to_first_finish(seqs: Seq[Sequence]) -> int:
+    """Steps until the first sequence gets its last token (on the last of them)."""
+    return min(seq.params.max_tokens - seq.num_output_tokens for seq in seqs)
+
+
+def finishes_after(seq: Sequence, num_steps: int) -> bool:
+    """Whether ``num_steps`` decode steps bring ``seq`` (before them) to its length limit."""
+    return seq.num_output_tokens + num_steps >= seq.params.max_tokens
+
+
+def allocation_steps(seqs: Seq[Sequence], block_size: int, horizon: int) -> np.ndarray:
+    """Sorted steps (< ``horizon``) at which the batch allocates a block.
+
+    Step ``s`` computes position ``c + s`` (``c`` = computed tokens before the run); a block is
+    needed when that position is the first of a block the table does not hold yet.
+    """
+    steps = [
+        np.arange(len(seq.block_table) * block_size - seq.num_computed_tokens, horizon, block_size)
+        for seq in seqs
+    ]
+    return np.sort(np.concatenate(steps)) if steps else np.zeros(0, dtype=np.int64)
+
+
+def replay_block_events(
+    run: DecodeRun, num_steps: int, kv: BlockManager, finished: Seq[bool], finish: Callable[[Sequence], None]
+) -> None:
+    """Allocate and cache blocks for the first ``num_steps`` steps, in the order ``step()`` would,
+    and call ``finish`` for each sequence flagged in ``finished`` after the last step's forward.
+
+    Tokens must already be appended; each sequence's ``num_computed_tokens`` is set per event and
+    left at its value after the last step.
+    """
+    bs = kv.block_size
+    events: list[tuple[int, int, int]] = []  # (step, kind, batch index)
+    for index, (seq, computed) in enumerate(zip(run.seqs, run.start_computed, strict=True)):
+        if finished[index]:
+            events.append((num_steps - 1, FINISH, index))
+        first_allocation = len(seq.block_table) * bs - computed
+        events += [(s, ALLOCATE, index) for s in range(max(0, first_allocation), num_steps, bs)]
+        if kv.cache is None:
+            continue
+        # ``step()`` caches after every step: at each block boundary, and at step 0 too when blocks
+        # computed before the run are not cached yet.
+        first_boundary = (computed // bs + 1) * bs - computed - 1
+        if (computed + 1) // bs > seq.num_cached_blocks and first_boundary > 0:
+            events.append((0, CACHE, index))
+        events += [(s, CACHE, index) for s in range(first_boundary, num_steps, bs)]
+    events.sort()
+    for step, kind, index in events:
+        seq, computed = run.seqs[index], run.start_computed[index]
+        if kind == ALLOCATE:
+            seq.num_computed_tokens = computed + step
+            allocated = kv.allocate(seq, 1)
+            assert allocated, "the plan checked that the pool holds every block of the run"
+        elif kind == FINISH:
+            seq.num_computed_tokens = computed + step + 1
+            finish(seq)
+        elif not seq.is_finished:
+            seq.num_computed_tokens = computed + step + 1
+            kv.cache_computed_blocks(seq)
+    for seq, computed in zip(run.seqs, run.start_computed, strict=True):
+        if not seq.is_finished:
+            seq.num_computed_tokens = computed + num_steps
