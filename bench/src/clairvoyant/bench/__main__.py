@@ -18,6 +18,8 @@ from clairvoyant.bench import (  # noqa: F401
     gateway_breakdown,
     gateway_overhead,
     prefix_ttft,
+    sim_speed,
+    sweep,
 )
 from clairvoyant.bench.common import BENCHMARKS, RESULTS_DIR, load_average, progress, report
 
@@ -34,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     commands = parser.add_subparsers(dest="command", required=True, metavar="command")
     cli_experiment.add_parsers(commands)
+    sweep.add_parsers(commands)
     for name in BENCHMARKS.names():
         bench = BENCHMARKS.create(name)
         sub = commands.add_parser(name, help=bench.help, description=bench.help)
@@ -41,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command in ("run", "compare"):
         return cli_experiment.run_command(args)
+    if args.command in ("sweep", "plot"):
+        return sweep.run_command(args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     started = load_average()
     progress(f"{args.command}: load average {started[0]:.2f} {started[1]:.2f} {started[2]:.2f}")

@@ -1,9 +1,12 @@
-"""``run`` and ``compare``: policies on a workload, in the simulator (``--mode sim``).
+"""``run`` and ``compare``: policies on a workload, in the simulator (``--mode sim``) or against a
+running stack through its gateway (``--mode live``, the policy the stack's scheduler runs).
 
     python -m clairvoyant.bench run --workload coding_assistant --policy fcfs-rr --gpus 8 \\
         --workflows 64 --concurrency 32 --seed 0 --out run.json
     python -m clairvoyant.bench compare --workload swe_agent --policies fcfs-rr,least-loaded \\
         --rate 0.5 --out compare.json
+    python -m clairvoyant.bench run --mode live --workload react_bfcl --policy fcfs-rr --gpus 2 \\
+        --workflows 16 --concurrency 8 --base-url http://127.0.0.1:8000/v1 --out live.json
     python -m clairvoyant.bench --list
 """
 
@@ -11,11 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from clairvoyant.bench.common import progress
 from clairvoyant.bench.experiment import ExperimentConfig, compare
+from clairvoyant.bench.live import validate  # noqa: F401  (registers the sim-vs-live benchmark)
+from clairvoyant.bench.live.cluster import LiveModeError
+from clairvoyant.bench.live.run import DEFAULT_BASE_URL, DEFAULT_SCHEDULER, LiveOptions
 from clairvoyant.bench.workloads import list_workloads
 from clairvoyant.scheduler.core import PRESETS
 
@@ -35,7 +42,8 @@ def add_parsers(commands: Any) -> None:
             sub.add_argument("--policy", required=True, choices=PRESETS.names())
         else:
             sub.add_argument("--policies", required=True, help="comma-separated: " + ",".join(PRESETS.names()))
-        sub.add_argument("--mode", choices=["sim"], default="sim", help="sim (live lands next)")
+        sub.add_argument("--mode", choices=["sim", "live"], default="sim",
+                         help="sim: the simulator; live: the stack behind --base-url (one policy: the one it runs)")
         sub.add_argument("--gpus", type=int, default=8)
         sub.add_argument("--gpu", default="H100-80G")
         sub.add_argument("--workflows", type=int, default=64)
@@ -44,6 +52,13 @@ def add_parsers(commands: Any) -> None:
         load.add_argument("--concurrency", type=int, help="closed loop: workflows in flight")
         sub.add_argument("--seed", type=int, default=0)
         sub.add_argument("--out", type=Path, required=True, help="results JSON")
+        live = sub.add_argument_group("live mode")
+        live.add_argument("--base-url", default=DEFAULT_BASE_URL, help="the gateway's OpenAI API")
+        live.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", "none"),
+                          help="the gateway key (default: $OPENAI_API_KEY)")
+        live.add_argument("--time-scale", type=float, default=1.0, help="tool latencies are waited out x this")
+        live.add_argument("--scheduler", default=DEFAULT_SCHEDULER,
+                          help="the scheduler's gRPC address, to read the policy it runs; 'none' takes --policy on trust")
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -56,12 +71,19 @@ def run_command(args: argparse.Namespace) -> int:
         rate=args.rate, concurrency=args.concurrency, seed=args.seed,
     )  # fmt: skip
     progress(f"{args.command}: {args.workload}, {len(policies)} policies, {args.workflows} workflows, {args.gpus} GPUs")
-    result = compare(config, policies, args.mode)
+    live = LiveOptions(
+        base_url=args.base_url, api_key=args.api_key, time_scale=args.time_scale,
+        scheduler=None if args.scheduler.lower() == "none" else args.scheduler,
+    )  # fmt: skip
+    try:
+        result = compare(config, policies, args.mode, live)
+    except LiveModeError as exc:
+        raise SystemExit(f"error: {exc}") from None
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
     print("| policy | " + " | ".join(SHOWN) + " |")
     print("|---" * (len(SHOWN) + 1) + "|")
     for policy, metrics in result["policies"].items():
-        print(f"| {policy} | " + " | ".join(f"{metrics[k]:.3g}" for k in SHOWN) + " |")
+        print(f"| {policy} | " + " | ".join(f"{metrics[k]:.3g}" if k in metrics else "-" for k in SHOWN) + " |")
     progress(f"saved {args.out}")
     return 0

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from clairvoyant.bench.arrivals import ClosedLoop, Poisson
-from clairvoyant.bench.metrics import summarize
+from clairvoyant.bench.metrics import jct_list, queue_depth_series, summarize
 from clairvoyant.bench.sim.lower_bound import RooflineServiceTime, ServiceTime
 from clairvoyant.bench.sim.simulator import ReplicaSpec, Simulator
 from clairvoyant.bench.workloads import Workload, get_workload
@@ -26,7 +26,11 @@ from clairvoyant.bench.workloads.program import WorkflowProgram
 from clairvoyant.worker.core.engine import EngineConfig
 from clairvoyant.worker.runners.emulated import EmulatedRunner
 
+if TYPE_CHECKING:
+    from clairvoyant.bench.live.run import LiveOptions
+
 TP_CHOICES = (1, 2, 4, 8)
+QUEUE_SERIES_POINTS = 500  # per model, in the results file
 
 
 @dataclass(frozen=True)
@@ -105,14 +109,26 @@ def run_sim(config: ExperimentConfig, policy: str) -> dict[str, Any]:
     result["virtual_seconds"] = records.duration_s
     result["wall_seconds"] = time.perf_counter() - started
     result["replicas"] = {spec.worker_id: spec.runner.info.extra.get("tensor_parallel", "1") for spec in replicas}
+    # For the plots (``python -m clairvoyant.bench plot``): the JCT CDF and queue depth over time.
+    result["jct_s"] = jct_list(records)
+    result["queue_depth_series"] = queue_depth_series(records, points=QUEUE_SERIES_POINTS)
     return result
 
 
-def compare(config: ExperimentConfig, policies: list[str], mode: str = "sim") -> dict[str, Any]:
-    if mode != "sim":
-        raise ValueError("only --mode sim is available in this release")
+def compare(
+    config: ExperimentConfig, policies: list[str], mode: str = "sim", live: LiveOptions | None = None
+) -> dict[str, Any]:
+    """``mode`` "sim": every policy in the simulator; "live": the running stack, whose scheduler
+    runs exactly one policy (``live.run``; raises ``live.cluster.LiveModeError``)."""
+    if mode not in ("sim", "live"):
+        raise ValueError(f"unknown mode {mode!r}; choose sim or live")
     started = time.perf_counter()
-    results = {policy: run_sim(config, policy) for policy in policies}
+    if mode == "live":
+        from clairvoyant.bench.live.run import LiveOptions, run_live  # the live package imports this module
+
+        results = run_live(config, policies, live or LiveOptions())
+    else:
+        results = {policy: run_sim(config, policy) for policy in policies}
     return {
         "workload": config.workload,
         "mode": mode,

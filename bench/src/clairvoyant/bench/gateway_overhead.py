@@ -35,7 +35,6 @@ from clairvoyant.contracts.v1 import (
     worker_pb2,
     worker_pb2_grpc,
 )
-from clairvoyant.core.natsserver import free_port
 from clairvoyant.core.stack import Stack, StackConfig
 
 MODEL = "tiny-random"
@@ -47,17 +46,11 @@ Send = Callable[[], Awaitable[None]]
 
 def start_stack(var_dir: Path, workers: int, worker_threads: int, env: dict[str, str] | None = None) -> Stack:
     """The whole stack on free ports, state under ``var_dir``; ``env`` goes to every service."""
-    config = StackConfig(
-        var_dir=var_dir,
+    config = StackConfig.on_free_ports(
+        var_dir,
         model=MODEL,
         workers=workers,
-        gateway_port=free_port(),
-        gateway_grpc_port=free_port(),
-        scheduler_port=free_port(),
-        scheduler_metrics_port=free_port(),
-        worker_grpc_base=free_port(),
-        worker_http_base=free_port(),
-        env={"CV_LOG_LEVEL": "WARNING", "CV_DATABASE_URL": f"sqlite:///{var_dir / 'gateway.db'}", **(env or {})},
+        env=env,
         worker_env={"CV_TORCH_THREADS": str(worker_threads)},
     )
     return Stack(config).start(ready_timeout=180)

@@ -26,14 +26,27 @@ from matplotlib.figure import Figure  # noqa: E402
 DPI = 100
 
 
-def plot_file(results_path: Path, out_dir: Path | None = None) -> list[Path]:
-    """Draw every figure the file supports into ``out_dir`` (default: next to the file)."""
+def plot_file(results_path: Path, out_dir: Path | None = None, *, load: float | None = None) -> list[Path]:
+    """Draw every figure the file supports into ``out_dir`` (default: next to the file).
+
+    For a sweep file, ``load`` also draws that level's compare figures (``<stem>-<load>-...``).
+    """
     results = json.loads(results_path.read_text())
     out_dir = out_dir or results_path.parent
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = results_path.stem
-    if results.get("kind") == "sweep":
-        return [plot_latency_throughput(results, out_dir / f"{stem}-latency-throughput.png")]
+    if results.get("kind") != "sweep":
+        return _compare_figures(results, out_dir, stem)
+    paths = [plot_latency_throughput(results, out_dir / f"{stem}-latency-throughput.png")]
+    if load is not None:
+        points = [p for p in results["points"] if p["load"] == load]
+        if not points:
+            raise ValueError(f"no load {load:g} in {results_path}; it has {results['loads']}")
+        paths += _compare_figures(points[0], out_dir, f"{stem}-{load:g}")
+    return paths
+
+
+def _compare_figures(results: dict[str, Any], out_dir: Path, stem: str) -> list[Path]:
     return [
         plot_jct_cdf(results, out_dir / f"{stem}-jct-cdf.png"),
         plot_queue_depth(results, out_dir / f"{stem}-queue-depth.png"),
@@ -71,7 +84,7 @@ def plot_jct_cdf(results: dict[str, Any], path: Path) -> Path:
         if not jcts:
             continue
         fractions = [(i + 1) / len(jcts) for i in range(len(jcts))]
-        ax.step(jcts, fractions, where="post", label=f"{policy} (avg {metrics['avg_jct_s']:.0f} s)")
+        ax.step(jcts, fractions, where="post", label=f"{policy} (avg {metrics['avg_jct_s']:.3g} s)")
     ax.set_xlabel("workflow JCT (s)")
     ax.set_ylabel("fraction of workflows")
     ax.set_ylim(0, 1.02)
@@ -83,13 +96,19 @@ def plot_jct_cdf(results: dict[str, Any], path: Path) -> Path:
 
 def plot_queue_depth(results: dict[str, Any], path: Path) -> Path:
     policies = results["policies"]
-    models = sorted({m for p, metrics in policies.items() for m in _require(metrics, "queue_depth_series", p)})
-    fig, axes = plt.subplots(len(models) or 1, 1, figsize=(7, 2.4 * max(1, len(models))), sharex=True, squeeze=False)
+    models = sorted(
+        {m for p, metrics in policies.items() for m in _require(metrics, "queue_depth_series", p)}
+    )
+    fig, axes = plt.subplots(
+        len(models) or 1, 1, figsize=(7, 2.4 * max(1, len(models))), sharex=True, squeeze=False
+    )
     for ax, model in zip(axes[:, 0], models, strict=False):
         for policy, metrics in policies.items():
             series = metrics["queue_depth_series"].get(model, [])
             if series:
-                ax.step([t for t, _ in series], [d for _, d in series], where="post", label=policy, linewidth=1)
+                ax.step(
+                    [t for t, _ in series], [d for _, d in series], where="post", label=policy, linewidth=1
+                )
         ax.set_ylabel("calls waiting")
         ax.set_title(model, fontsize=9)
         ax.grid(alpha=0.3)
@@ -109,7 +128,9 @@ def plot_latency_throughput(sweep: dict[str, Any], path: Path) -> Path:
         ax.plot(throughput, [m["p95_jct_s"] for m, _ in points], marker="x", linestyle="--",
                 color=line.get_color(), label=f"{policy} p95")  # fmt: skip
         for (m, load), x in zip(points, throughput, strict=True):
-            ax.annotate(f"{load:g}", (x, m["avg_jct_s"]), textcoords="offset points", xytext=(3, 3), fontsize=7)
+            ax.annotate(
+                f"{load:g}", (x, m["avg_jct_s"]), textcoords="offset points", xytext=(3, 3), fontsize=7
+            )
     ax.set_xlabel("throughput (output tokens/s)")
     ax.set_ylabel("workflow JCT (s)")
     ax.grid(alpha=0.3)

@@ -50,7 +50,7 @@ class WorkflowRecord:
 class RunRecords:
     calls: list[CallRecord] = field(default_factory=list)
     workflows: list[WorkflowRecord] = field(default_factory=list)
-    queue_depth: list[tuple[float, str, int]] = field(default_factory=list)  # (time, model, depth)
+    queue_depth: list[tuple[float, str, int]] = field(default_factory=list)  # (time, model, depth) on change
     preemptions: int = 0
     cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)
     duration_s: float = 0.0  # first arrival to last completion (virtual or wall seconds)

@@ -1,0 +1,87 @@
+"""Plots and the series behind them: JCT lists, queue depth over time, sweeps, the PNG files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from clairvoyant.bench.__main__ import main
+from clairvoyant.bench.experiment import ExperimentConfig, build_cluster, instance
+from clairvoyant.bench.metrics import queue_depth_series
+from clairvoyant.bench.sim.simulator import Simulator
+from clairvoyant.bench.workloads import get_workload
+
+pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+TINY = ["--workload", "react_bfcl", "--policies", "fcfs-rr,least-loaded", "--gpus", "2", "--workflows", "8"]
+
+
+def _assert_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC, path
+    assert len(data) > 5_000, (path, len(data))  # axes, lines and labels, not an empty canvas
+
+
+def test_compare_results_carry_the_series_and_plot(tmp_path: Path) -> None:
+    results = tmp_path / "tiny.json"
+    assert main(["compare", *TINY, "--rate", "2", "--out", str(results)]) == 0
+    data = json.loads(results.read_text())
+    for metrics in data["policies"].values():
+        assert len(metrics["jct_s"]) == metrics["workflows"] == 8
+        assert sum(metrics["jct_s"]) / 8 == pytest.approx(metrics["avg_jct_s"])
+        series = metrics["queue_depth_series"]
+        assert set(series) == {"llama-3.1-8b"}
+        points = series["llama-3.1-8b"]
+        assert 0 < len(points) <= 500
+        times = [t for t, _ in points]
+        assert times == sorted(times) and times[0] >= 0.0
+        assert all(depth >= 0 for _, depth in points) and points[-1][1] == 0  # everything started
+    assert main(["plot", str(results), "--out-dir", str(tmp_path / "img")]) == 0
+    for name in ("tiny-jct-cdf.png", "tiny-queue-depth.png"):
+        _assert_png(tmp_path / "img" / name)
+
+
+def test_queue_depth_series_is_exact_then_keeps_peaks_when_downsampled() -> None:
+    """Exact: the area under depth(t) is the total time calls spent queued (sum of queue_s)."""
+    config = ExperimentConfig(workload="react_bfcl", gpus=1, workflows=30, rate=4.0, seed=5)
+    workload = get_workload(config.workload)
+    replicas, service = build_cluster(workload, config)
+    arrivals, _ = instance(workload, config)
+    records = Simulator(replicas, "fcfs-rr", service_times=service).run(arrivals)
+    exact = queue_depth_series(records, points=10_000)["llama-3.1-8b"]
+    area = sum(d * (t1 - t0) for (t0, d), (t1, _) in zip(exact, exact[1:], strict=False))
+    assert area == pytest.approx(sum(c.queue_s for c in records.calls), rel=1e-9)
+    peak = max(d for _, d in exact)
+    assert peak >= 2  # a loaded single replica: calls do wait
+    coarse = queue_depth_series(records, points=20)["llama-3.1-8b"]
+    assert len(coarse) == 20 and max(d for _, d in coarse) == peak
+    assert coarse[0][0] == exact[0][0]
+
+
+def test_sweep_stores_each_load_level_and_plots_latency_against_throughput(tmp_path: Path) -> None:
+    out = tmp_path / "sweep.json"
+    assert main(["sweep", *TINY, "--rates", "0.5,4", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["kind"] == "sweep" and data["load_kind"] == "rate" and data["loads"] == [0.5, 4.0]
+    assert [p["config"]["rate"] for p in data["points"]] == [0.5, 4.0]
+    for point in data["points"]:
+        assert set(point["policies"]) == {"fcfs-rr", "least-loaded"}
+        assert all(len(m["jct_s"]) == 8 for m in point["policies"].values())
+    # The same programs arrive 8x faster: throughput rises (the run is shorter).
+    slow, fast = (p["policies"]["fcfs-rr"] for p in data["points"])
+    assert fast["throughput_tok_s"] > slow["throughput_tok_s"]
+    assert main(["plot", str(out), "--out-dir", str(tmp_path), "--load", "4"]) == 0
+    for name in ("sweep-latency-throughput.png", "sweep-4-jct-cdf.png", "sweep-4-queue-depth.png"):
+        _assert_png(tmp_path / name)
+
+
+def test_closed_loop_sweep_runs_its_own_workflow_count_at_each_level(tmp_path: Path) -> None:
+    out = tmp_path / "loop.json"
+    args = ["--workload", "react_bfcl", "--policies", "fcfs-rr", "--gpus", "1"]
+    assert main(["sweep", *args, "--concurrencies", "1,3", "--workflows", "2,6", "--out", str(out)]) == 0
+    points = json.loads(out.read_text())["points"]
+    assert [(p["config"]["concurrency"], p["config"]["workflows"]) for p in points] == [(1, 2), (3, 6)]
+    assert [len(p["policies"]["fcfs-rr"]["jct_s"]) for p in points] == [2, 6]
