@@ -156,7 +156,7 @@ class ErrorDetail(_message.Message):
     def __init__(self, message: _Optional[str] = ..., type: _Optional[str] = ..., param: _Optional[str] = ..., code: _Optional[str] = ..., retry_after_s: _Optional[float] = ...) -> None: ...
 
 class CompletionRecord(_message.Message):
-    __slots__ = ("request_id", "tenant", "app_metadata", "model", "worker_id", "prompt_tokens", "cached_tokens", "output_tokens", "timing", "finish_reason", "status", "error_code", "endpoint", "stream")
+    __slots__ = ("request_id", "tenant", "app_metadata", "model", "worker_id", "prompt_tokens", "cached_tokens", "output_tokens", "timing", "finish_reason", "status", "error_code", "endpoint", "stream", "prompt_block_hashes", "response_block_hashes")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     APP_METADATA_FIELD_NUMBER: _ClassVar[int]
@@ -171,6 +171,8 @@ class CompletionRecord(_message.Message):
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     app_metadata: AppMetadata
@@ -185,4 +187,6 @@ class CompletionRecord(_message.Message):
     error_code: str
     endpoint: str
     stream: bool
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., app_metadata: _Optional[_Union[AppMetadata, _Mapping]] = ..., model: _Optional[str] = ..., worker_id: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., finish_reason: _Optional[str] = ..., status: _Optional[_Union[RequestStatus, str]] = ..., error_code: _Optional[str] = ..., endpoint: _Optional[str] = ..., stream: _Optional[bool] = ...) -> None: ...
+    prompt_block_hashes: _containers.RepeatedScalarFieldContainer[int]
+    response_block_hashes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., app_metadata: _Optional[_Union[AppMetadata, _Mapping]] = ..., model: _Optional[str] = ..., worker_id: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., finish_reason: _Optional[str] = ..., status: _Optional[_Union[RequestStatus, str]] = ..., error_code: _Optional[str] = ..., endpoint: _Optional[str] = ..., stream: _Optional[bool] = ..., prompt_block_hashes: _Optional[_Iterable[int]] = ..., response_block_hashes: _Optional[_Iterable[int]] = ...) -> None: ...
