@@ -60,6 +60,9 @@ class CallRecord:
     tool: str | None = None
     workflow_version: str | None = None
     workflow_end: bool = False
+    # Chained 16-token block hashes (clairvoyant.core.blockhash) of the prompt and the response.
+    prompt_blocks: tuple[int, ...] = ()
+    response_blocks: tuple[int, ...] = ()
 
     def call(self) -> Call:
         return Call(
