@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from clairvoyant.contracts.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from clairvoyant.core.blockhash import BLOCK_TOKENS, sequence_hashes
 from clairvoyant.core.errors import ContextLengthExceeded, from_rpc_error
 from clairvoyant.core.grpcutil import add_health, channel, mark_serving, new_server
 from clairvoyant.core.telemetry import setup_tracing
@@ -137,3 +138,36 @@ async def test_stats_health_and_unimplemented_rpcs(worker: Running) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await worker.stub.ApplyDirectives(worker_pb2.ApplyDirectivesRequest())
     assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def token_prompt(request_id: str, ids: list[int], max_tokens: int) -> worker_pb2.GenerateRequest:
+    return worker_pb2.GenerateRequest(
+        request_id=request_id,
+        token_ids=worker_pb2.TokenIds(ids=ids),
+        sampling=common_pb2.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+        tenant="acme",
+    )
+
+
+async def test_final_message_carries_the_block_hashes_of_prompt_and_response(worker: Running) -> None:
+    prompt = [(7 * i + 3) % 200 for i in range(40)]  # 2 full blocks and an 8-token tail
+    replies = [r async for r in worker.stub.Generate(token_prompt("turn-1", prompt, 30))]
+    output = [t for r in replies for t in r.token_ids]
+    assert len(output) == 30
+    assert all(not r.prompt_block_hashes and not r.response_block_hashes for r in replies[:-1])
+    last = replies[-1]
+    expected_prompt, expected_response = sequence_hashes(prompt, output)
+    assert list(last.prompt_block_hashes) == expected_prompt and len(expected_prompt) == 2
+    assert list(last.response_block_hashes) == expected_response and len(expected_response) == 2  # 8 + 30 = 38
+
+    # The next turn's prompt is this conversation so far plus a new message: its chain starts with
+    # every full block the first turn left in the cache (prompt then response), and the worker
+    # serves at least the first prompt's blocks from its prefix cache.
+    follow_up = prompt + output + [(5 * i + 1) % 200 for i in range(20)]  # 90 tokens: 5 full blocks
+    replies = [r async for r in worker.stub.Generate(token_prompt("turn-2", follow_up, 4))]
+    second = replies[-1]
+    first_chain = expected_prompt + expected_response
+    assert list(second.prompt_block_hashes[: len(first_chain)]) == first_chain
+    assert len(second.prompt_block_hashes) == 5
+    assert list(second.prompt_block_hashes) == sequence_hashes(follow_up, [])[0]
+    assert second.usage.cached_tokens >= len(expected_prompt) * BLOCK_TOKENS

@@ -13,6 +13,7 @@ from clairvoyant.contracts.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from clairvoyant.core.errors import ClairvoyantError, InvalidRequest
 from clairvoyant.core.grpcutil import abort
 from clairvoyant.core.telemetry import extract_context, tracer
+from clairvoyant.worker.block_hashes import SequenceHasher
 from clairvoyant.worker.core.sampling import SamplingParams
 from clairvoyant.worker.core.sequence import Lineage
 from clairvoyant.worker.heartbeat import Heartbeat
@@ -85,8 +86,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             span.set_attribute("cv.prompt_tokens", len(ids))
             first = True
             start = time.monotonic()
+            hasher = SequenceHasher(ids)  # the prompt's chain, hashed while the engine prefills
+            output_ids: list[int] = []
             try:
                 async for out in self.service.run(engine_request):
+                    output_ids.extend(out.new_token_ids)
                     reply = worker_pb2.GenerateResponse(
                         request_id=request_id, text=out.new_text, token_ids=out.new_token_ids
                     )
@@ -105,11 +109,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                                 cached_tokens=out.cached_tokens,
                             )
                         )
+                        prompt_hashes, response_hashes = await hasher.finish(output_ids)
+                        reply.prompt_block_hashes.extend(prompt_hashes)
+                        reply.response_block_hashes.extend(response_hashes)
                         span.set_attribute("cv.completion_tokens", out.completion_tokens)
                         span.set_attribute("cv.cached_tokens", out.cached_tokens)
                     yield reply
             except ValueError as exc:  # the engine refused it (e.g. larger than the whole KV pool)
                 await abort(context, InvalidRequest(str(exc), param="messages"))
+            finally:
+                hasher.cancel()
 
     async def Prefill(  # noqa: N802
         self, request: worker_pb2.PrefillRequest, context: grpc.aio.ServicerContext
