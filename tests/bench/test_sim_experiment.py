@@ -74,3 +74,28 @@ def test_cli_compare_writes_the_documented_keys(tmp_path: Path) -> None:
                 "cache_hit_ratio", "preemptions", "lower_bound_avg_jct_s", "distance_from_limit",
                 "virtual_seconds"} <= set(metrics)
         assert metrics["workflows"] == 6 and metrics["distance_from_limit"] >= 1.0
+
+
+@pytest.mark.parametrize(
+    ("workload_name", "concurrency", "policy"),
+    [("coding_assistant", 6, "fcfs-rr"), ("swe_agent", 4, "least-loaded"), ("react_bfcl", 12, "fcfs-rr")],
+)
+def test_fast_forwarded_decode_runs_change_no_record(workload_name: str, concurrency: int, policy: str) -> None:
+    """Decode runs taken in one event (cut whenever a call is dispatched to the replica) leave every
+    call's and workflow's times, cache hits and the preemption count exactly as step-by-step."""
+    config = ExperimentConfig(workload=workload_name, gpus=2, workflows=concurrency + 4, concurrency=concurrency, seed=5)
+    workload = get_workload(config.workload)
+
+    def records(fast_forward: bool) -> str:
+        replicas, service = build_cluster(workload, config)
+        arrivals, backlog = instance(workload, config)
+        simulator = Simulator(replicas, policy, service_times=service, fast_forward=fast_forward)
+        run = simulator.run(arrivals, backlog=backlog)
+        assert run.workflows and all(w.end_time is not None for w in run.workflows)
+        return json.dumps(
+            {"calls": [vars(c) for c in run.calls], "workflows": [vars(w) for w in run.workflows],
+             "preemptions": run.preemptions, "depth": run.queue_depth},
+            sort_keys=True,
+        )  # fmt: skip
+
+    assert records(fast_forward=True) == records(fast_forward=False)

@@ -170,3 +170,29 @@ def test_info_tokenizer_and_contract_errors() -> None:
     runner.allocate_kv(8, 16)
     logits = runner.forward([ForwardItem(0, [1, 2], 0, [0], False), ForwardItem(1, [3], 5, [1], True)])
     assert logits.shape == (1, 260) and int(logits[0].argmax()) == PLACEHOLDER_TOKEN
+
+
+def test_a_live_runner_absorbs_host_time_up_to_the_modelled_step_overhead() -> None:
+    clock = VirtualClock()
+    runner = EmulatedRunner(sleep=clock.sleep, clock=clock, absorb_host_time=True)
+    runner.allocate_kv(64, 16)
+    item = ForwardItem(0, [1], 40, list(range(3)), True)
+    step = runner.cost.step_cost([BatchItem(1, 40)]).seconds
+    overhead = runner.cost.gpu.step_overhead
+    assert step > 2 * overhead
+
+    def forward_after(host_seconds: float) -> float:
+        clock.sleep(host_seconds)  # the engine's own work between two forwards
+        before = clock.now
+        runner.forward([item])
+        return clock.now - before
+
+    assert forward_after(0.0) == pytest.approx(step)  # the first step has nothing to absorb
+    assert forward_after(0.4 * overhead) == pytest.approx(step - 0.4 * overhead)  # step + host = step
+    assert forward_after(5 * overhead) == pytest.approx(step - overhead)  # an idle gap: one overhead at most
+    plain = EmulatedRunner(sleep=clock.sleep, clock=clock)
+    plain.allocate_kv(64, 16)
+    clock.sleep(0.4 * overhead)
+    before = clock.now
+    plain.forward([item])
+    assert clock.now - before == pytest.approx(step)  # the simulator's runner sleeps the whole step

@@ -48,7 +48,11 @@ def _torch_runner(settings: WorkerSettings) -> ModelRunner:
 @RUNNERS.register("emulated")
 def _emulated_runner(settings: WorkerSettings) -> ModelRunner:
     return EmulatedRunner(
-        settings.model, settings.gpu, settings.tensor_parallel, max_model_len=settings.max_model_len
+        settings.model,
+        settings.gpu,
+        settings.tensor_parallel,
+        max_model_len=settings.max_model_len,
+        absorb_host_time=True,
     )
 
 

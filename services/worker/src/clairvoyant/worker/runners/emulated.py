@@ -59,10 +59,21 @@ class EmulatedRunner:
         max_model_len: int | None = None,
         gpu_mem_util: float = 0.9,
         distinct_tokens: bool = False,
+        absorb_host_time: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``distinct_tokens``: emit a printable token that depends on the sequence and position
         instead of the fixed placeholder, so that two responses never share a cached block by
-        accident (the simulator replays responses into later prompts)."""
+        accident (the simulator replays responses into later prompts).
+
+        ``absorb_host_time`` (live workers): the roofline's step time already contains
+        ``GpuSpec.step_overhead`` for the engine's host work (scheduling, sampling, handing tokens
+        out), and a live engine really spends that time between two forwards.  So each sleep is
+        shortened by the wall time since the previous forward returned, up to ``step_overhead``,
+        and a step lasts what the cost model says instead of that plus the host work.  The cap
+        means an engine slower than the modelled overhead still shows as slower, and after an
+        idle gap at most one overhead is absorbed.  The simulator leaves it off (its sleep is a
+        virtual clock and host time is not part of virtual time)."""
         model_spec = get_model(model) if isinstance(model, str) else model
         gpu_spec = get_gpu(gpu) if isinstance(gpu, str) else gpu
         self.cost = CostModel(gpu_spec, model_spec, tensor_parallel)
@@ -89,6 +100,9 @@ class EmulatedRunner:
             extra={"runner": "emulated", "gpu": gpu_spec.name, "tensor_parallel": str(tensor_parallel)},
         )
         self._sleep = sleep
+        self._clock = clock
+        self.absorb_host_time = absorb_host_time
+        self._last_return: float | None = None  # clock() when the previous forward returned
         self.distinct_tokens = distinct_tokens
         # One logits row per token the runner can emit (-inf but for that token), built once:
         # a step gathers its rows with one index_select instead of writing each row.
@@ -123,8 +137,13 @@ class EmulatedRunner:
         self.busy_seconds += cost.seconds
         self.last_step_seconds = cost.seconds
         self.last_step = cost
-        if cost.seconds > 0:
-            self._sleep(cost.seconds)
+        wait = cost.seconds
+        if self.absorb_host_time and self._last_return is not None:
+            wait -= min(self._clock() - self._last_return, self.cost.gpu.step_overhead)
+        if wait > 0:
+            self._sleep(wait)
+        if self.absorb_host_time:
+            self._last_return = self._clock()
         # Greedy or sampled, at any temperature, each row can only give its one token.
         if not self.distinct_tokens:
             wanted = sum(1 for item in items if item.want_logits)
