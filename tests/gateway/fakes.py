@@ -20,6 +20,7 @@ from clairvoyant.contracts.v1 import (
     worker_pb2,
     worker_pb2_grpc,
 )
+from clairvoyant.core.blockhash import sequence_hashes
 from clairvoyant.core.errors import ClairvoyantError, ContextLengthExceeded, Unavailable
 from clairvoyant.core.grpcutil import abort
 
@@ -83,9 +84,15 @@ def prompt_text(request: worker_pb2.GenerateRequest) -> str:
     return request.prompt
 
 
+def fake_block_hashes(request: worker_pb2.GenerateRequest, num_tokens: int) -> tuple[list[int], list[int]]:
+    """The chains FakeWorker reports: the prompt's bytes as token ids, then output ids 100, 101, ..."""
+    return sequence_hashes(list(prompt_text(request).encode()), [100 + i for i in range(num_tokens)])
+
+
 @dataclass
 class FakeWorker(worker_pb2_grpc.WorkerServicer):
-    """Streams ``tokens`` (at most max_tokens of them), one every ``delay_s``.
+    """Streams ``tokens`` (at most max_tokens of them), one every ``delay_s``; the last message
+    carries ``fake_block_hashes``.
 
     Refuses prompts longer than ``max_prompt_chars`` with INVALID_ARGUMENT/context_length_exceeded,
     as the real worker does, before sending anything.  Notes a cancelled call in ``cancelled``.
@@ -137,6 +144,9 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
                             cached_tokens=prompt_tokens // 2,
                         )
                     )
+                    prompt_hashes, response_hashes = fake_block_hashes(request, len(out))
+                    reply.prompt_block_hashes.extend(prompt_hashes)
+                    reply.response_block_hashes.extend(response_hashes)
                 yield reply
             self.finished += 1
         except asyncio.CancelledError:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import grpc
 import pytest
 
 from clairvoyant.contracts.v1 import common_pb2, scheduler_pb2
 from clairvoyant.core.app_metadata import AppMetadata
 from clairvoyant.core.errors import InvalidRequest, ModelNotFound, NoWorkers, QueueFull
+from clairvoyant.gateway.clients import skip_reason
 from clairvoyant.gateway.config import GatewaySettings
 from clairvoyant.gateway.http_app import error_response
+from clairvoyant.gateway.metrics import UNANNOTATED_REASONS
 from clairvoyant.gateway.models import ModelCatalog
 from clairvoyant.gateway.openai_api import (
     ChatCompletionBody,
@@ -175,8 +178,19 @@ def test_build_record() -> None:
         max_tokens_limit=9,
     )
     assert req.app_metadata == AppMetadata("wf", "w", "a", parent_request_ids=("p1",))
-    outcome = Outcome(STATUS_OK, "w-1", TokenUsage(5, 3, 2), 10.5, 10.7, 11.0, "stop")
+    outcome = Outcome(
+        STATUS_OK,
+        "w-1",
+        TokenUsage(5, 3, 2),
+        10.5,
+        10.7,
+        11.0,
+        "stop",
+        prompt_block_hashes=(2**64 - 1, 7),
+        response_block_hashes=(9,),
+    )
     record = build_record(req, outcome)
+    assert (list(record.prompt_block_hashes), list(record.response_block_hashes)) == ([2**64 - 1, 7], [9])
     assert (record.request_id, record.tenant, record.worker_id, record.model) == ("r1", "acme", "w-1", "m")
     assert (record.prompt_tokens, record.output_tokens, record.cached_tokens) == (5, 3, 2)
     assert list(record.app_metadata.parent_request_ids) == ["p1"]
@@ -201,6 +215,24 @@ def test_settings(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
         32768,
     )
     assert str(settings.sqlite_path()) == "var/gateway.db"
+    assert settings.profiler_timeout_s == 0.005  # the 5 ms Annotate budget
     assert GatewaySettings(database_url="postgresql+psycopg://u@h/db").sqlite_path() is None
     with pytest.raises(ValueError):
         GatewaySettings(default_max_tokens=10, max_tokens_limit=5)
+
+
+@pytest.mark.parametrize(
+    ("code", "was_connected", "reason"),
+    [
+        (grpc.StatusCode.DEADLINE_EXCEEDED, True, "timeout"),
+        (grpc.StatusCode.DEADLINE_EXCEEDED, False, "unavailable"),  # the deadline went on connecting
+        (grpc.StatusCode.UNAVAILABLE, True, "unavailable"),
+        (grpc.StatusCode.UNAVAILABLE, False, "unavailable"),
+        (grpc.StatusCode.INTERNAL, True, "error"),
+        (grpc.StatusCode.UNIMPLEMENTED, True, "error"),
+        (grpc.StatusCode.INVALID_ARGUMENT, False, "error"),
+    ],
+)
+def test_skip_reason(code: grpc.StatusCode, was_connected: bool, reason: str) -> None:
+    assert skip_reason(code, was_connected) == reason
+    assert reason in UNANNOTATED_REASONS

@@ -24,6 +24,7 @@ from clairvoyant.contracts.v1 import (
 from clairvoyant.core.errors import ERROR_TRAILER, ClairvoyantError, Unavailable, from_rpc_error
 from clairvoyant.core.grpcutil import channel
 from clairvoyant.core.telemetry import grpc_metadata
+from clairvoyant.gateway import metrics
 from clairvoyant.gateway.request import GenerationRequest
 
 logger = logging.getLogger(__name__)
@@ -124,15 +125,32 @@ class Annotator(Protocol):
     async def annotate(
         self, request: GenerationRequest, prompt_tokens: int
     ) -> common_pb2.SysAnnotations | None:
-        """The profiler's predictions, or None (the request continues un-annotated).  Never raises."""
+        """The profiler's predictions, or None (the request continues un-annotated, and
+        ``cv_gateway_unannotated_requests_total`` counts why).  Never raises."""
         ...
 
 
 class NoAnnotator:
+    """No profiler is configured: every request goes un-annotated."""
+
     async def annotate(
         self, request: GenerationRequest, prompt_tokens: int
     ) -> common_pb2.SysAnnotations | None:
+        metrics.UNANNOTATED.labels("no_profiler").inc()
         return None
+
+
+def skip_reason(code: grpc.StatusCode, was_connected: bool) -> str:
+    """Why a failed Annotate left the request un-annotated (a ``UNANNOTATED_REASONS`` label).
+
+    A deadline that passed while the channel was still connecting means the profiler could not
+    be reached in time, not that it answered slowly.
+    """
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return "timeout" if was_connected else "unavailable"
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return "unavailable"
+    return "error"
 
 
 class ProfilerAnnotator:
@@ -143,11 +161,20 @@ class ProfilerAnnotator:
         self._channel = channel(address)
         self._stub = profiler_pb2_grpc.ProfilerStub(self._channel)
 
+    def connect(self) -> None:
+        """Start connecting now, so the first request's deadline is not spent on the handshake."""
+        self._channel.get_state(try_to_connect=True)
+
+    def connected(self) -> bool:
+        return self._channel.get_state() == grpc.ChannelConnectivity.READY
+
     async def annotate(
         self, request: GenerationRequest, prompt_tokens: int
     ) -> common_pb2.SysAnnotations | None:
         if request.app_metadata is None:
-            return None  # nothing to look up: the profiler keys everything by workflow and agent
+            # Nothing to look up: the profiler keys everything by workflow and agent.
+            metrics.UNANNOTATED.labels("no_metadata").inc()
+            return None
         msg = profiler_pb2.AnnotateRequest(
             request_id=request.request_id,
             tenant=request.tenant,
@@ -155,12 +182,15 @@ class ProfilerAnnotator:
             model=request.model,
             prompt_tokens=prompt_tokens,
         )
+        was_connected = self.connected()
         try:
             reply: profiler_pb2.AnnotateResponse = await self._stub.Annotate(
                 msg, timeout=self.timeout_s, metadata=grpc_metadata()
             )
         except grpc.aio.AioRpcError as err:
-            logger.debug("Annotate(%s) skipped: %s", request.request_id, err.code().name)
+            reason = skip_reason(err.code(), was_connected)
+            metrics.UNANNOTATED.labels(reason).inc()
+            logger.debug("Annotate(%s) skipped (%s): %s", request.request_id, reason, err.code().name)
             return None
         return reply.annotations
 

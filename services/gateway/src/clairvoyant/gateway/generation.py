@@ -61,6 +61,8 @@ class Generation:
         self._pending: worker_pb2.GenerateResponse | None = None
         self._tokens_seen = 0
         self._prompt_tokens = 0
+        self._prompt_block_hashes: tuple[int, ...] = ()
+        self._response_block_hashes: tuple[int, ...] = ()
         self._error: ClairvoyantError | None = None
         self._recorded = True  # False: release the placement but publish nothing
         # Set by Pipeline.start on success: from then on, closing this generation ends the request
@@ -133,6 +135,8 @@ class Generation:
             self.usage = TokenUsage(self._prompt_tokens, self._tokens_seen, self.usage.cached_tokens)
         if msg.HasField("finish_reason"):
             self.finish_reason = msg.finish_reason or "stop"
+            self._prompt_block_hashes = tuple(msg.prompt_block_hashes)
+            self._response_block_hashes = tuple(msg.response_block_hashes)
 
     def _outcome(self) -> Outcome:
         if self._error is None and self.finish_reason is not None:
@@ -150,6 +154,8 @@ class Generation:
             end_time=self._pipeline.now(),
             finish_reason=reason,
             error_code=code,
+            prompt_block_hashes=self._prompt_block_hashes,
+            response_block_hashes=self._response_block_hashes,
         )
 
     async def close(self) -> None:

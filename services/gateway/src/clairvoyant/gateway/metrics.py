@@ -29,6 +29,17 @@ RECORDS = Counter(
     ["status", "delivery"],
 )
 RETRIES = Counter("cv_gateway_worker_retries_total", "Requests re-placed after a worker was unavailable")
+UNANNOTATED = Counter(
+    "cv_gateway_unannotated_requests_total",
+    "Requests scheduled without the profiler's annotations, by reason",
+    ["reason"],
+)
+# Why a request went un-annotated: the profiler missed the deadline on a connected channel; failed
+# the call; could not be reached (refused, or the deadline went on connecting); no profiler is
+# configured; the request has no app_metadata to look up.
+UNANNOTATED_REASONS = ("timeout", "error", "unavailable", "no_profiler", "no_metadata")
+for _reason in UNANNOTATED_REASONS:  # export every series from the start, at 0
+    UNANNOTATED.labels(_reason)
 
 # The request paths worth a label; everything else (health, metrics, 404s) is "other".
 HTTP_ENDPOINTS = {

@@ -24,6 +24,9 @@ class Outcome:
     end_time: float
     finish_reason: str  # stop | length | abort | error
     error_code: str = ""
+    # From the worker's last message (clairvoyant.core.blockhash); empty when it never sent one.
+    prompt_block_hashes: tuple[int, ...] = ()
+    response_block_hashes: tuple[int, ...] = ()
 
 
 def build_record(request: GenerationRequest, outcome: Outcome) -> common_pb2.CompletionRecord:
@@ -46,6 +49,8 @@ def build_record(request: GenerationRequest, outcome: Outcome) -> common_pb2.Com
         error_code=outcome.error_code,
         endpoint=request.endpoint,
         stream=request.stream,
+        prompt_block_hashes=outcome.prompt_block_hashes,
+        response_block_hashes=outcome.response_block_hashes,
     )
     if request.app_metadata is not None:
         record.app_metadata.CopyFrom(request.app_metadata.to_proto())

@@ -48,6 +48,8 @@ class Gateway:
 
     async def start(self) -> None:
         await self.auth.start()
+        if isinstance(self.annotator, ProfilerAnnotator):
+            self.annotator.connect()
 
     async def readiness(self) -> tuple[bool, str]:
         """(ready, why): ready once the scheduler answers and knows at least one worker."""
