@@ -12,6 +12,7 @@ order data flows through them:
     stats.py       per-agent length/latency/gap distributions, Kairos convergence
     ranking.py     Kairos agent rank (Wasserstein + 1-D MDS with a zero anchor)
     confidence.py  shadow / low / high tiers (Pythia shadow profiling, SAGA cold start)
+    templates.py   prompt-composition templates from chained block hashes, static prefixes
     profile.py     WorkflowProfile: incremental ingestion, annotate, plain-dict state
 """
 
@@ -40,9 +41,14 @@ from clairvoyant.profiler.core.profile import (
 )
 from clairvoyant.profiler.core.ranking import AgentRanking, kairos_ranking
 from clairvoyant.profiler.core.synthesis import SynthesisConfig, SynthesisResult, synthesize
+from clairvoyant.profiler.core.templates import AgentTemplate, ChainStore, TemplateConfig, TemplateLearner
 from clairvoyant.profiler.core.trace import Call, Step, WorkflowTrace, build_trace
 
 __all__ = [
+    "AgentTemplate",
+    "ChainStore",
+    "TemplateConfig",
+    "TemplateLearner",
     "AgentRanking",
     "Annotation",
     "Call",

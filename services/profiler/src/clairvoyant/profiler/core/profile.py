@@ -10,7 +10,8 @@ and answers ``annotate`` from precomputed tables.
     ingest(record) ──> open instance ──end marker / idle──> close ──> trace (sweep line)
                                                                ├─> automaton, agent stats, convergence
                                                                ├─> acceptance -> confidence tier
-                                                               └─> every k: synthesize -> PathModel
+                                                               ├─> every k: synthesize -> PathModel
+                                                               └─> block chains -> prompt templates
 
 Choices:
 * A record for an instance that was already closed (late delivery) is not counted; it is reported as
@@ -18,6 +19,9 @@ Choices:
   fresh shadow profile of the new version (Pythia §5); records of a version seen before that is not
   the current one are STALE and dropped.
 * In SHADOW only the output-length interval is served (the proto's "only safe predictions").
+* Records that carry block-hash chains have them kept, deduplicated, while their instance is open
+  (``templates.ChainStore``: hashes only, bounded per call and per instance); the templates learned
+  from them at close are served as ``next_prompt_template`` for the most likely next agent.
 * The request being annotated is the *current* step.  When its agent also ran in the last step seen
   so far and that step could be a fan-out still growing, the more likely reading (same step still
   growing vs. a new step) is taken from the path model.
@@ -41,6 +45,7 @@ from clairvoyant.profiler.core.paths import PathModel, Position
 from clairvoyant.profiler.core.ranking import AgentRanking, kairos_ranking
 from clairvoyant.profiler.core.stats import AgentStats, AgentSummary, ConvergenceTracker, Summary
 from clairvoyant.profiler.core.synthesis import SynthesisConfig, synthesize
+from clairvoyant.profiler.core.templates import AgentTemplate, ChainStore, TemplateConfig, TemplateLearner
 from clairvoyant.profiler.core.trace import Call, Step, StepLike, WorkflowTrace, as_steps, build_trace
 
 
@@ -106,6 +111,7 @@ class Annotation:
     end_probability: float | None = None
     kairos_rank: int | None = None
     on_path: bool = True  # False: the instance left the expression and the position was re-anchored
+    next_prompt_template: str = ""  # the prompt template of the most likely next agent (templates.py)
 
     @staticmethod
     def empty() -> Annotation:
@@ -122,11 +128,13 @@ class ProfileConfig:
     residual_min_share: float = 0.05
     synthesis: SynthesisConfig = field(default_factory=SynthesisConfig)
     confidence: ConfidenceConfig = field(default_factory=ConfidenceConfig)
+    templates: TemplateConfig = field(default_factory=TemplateConfig)
 
 
 @dataclass
 class _Open:
     calls: dict[str, Call] = field(default_factory=dict)
+    chains: ChainStore | None = None  # block-hash chains of its calls, when records carry them
     last_activity: float = float("-inf")
     # position cache: steps seen so far and positions[i] = position after i steps, for model_id
     model_id: int = -1
@@ -170,6 +178,7 @@ class WorkflowProfile:
         self.structured: bool = False
         self._model_id = 0
         self._derived: _Derived | None = None
+        self.templates = TemplateLearner(self.config.templates)
 
     # ----------------------------------------------------------------------------- ingestion
 
@@ -191,6 +200,12 @@ class WorkflowProfile:
             return IngestResult(IngestStatus.LATE, reset=reset)
         instance = self._open.setdefault(record.workflow_id, _Open())
         instance.calls[record.request_id] = record.call()
+        if record.prompt_blocks or record.response_blocks:
+            if instance.chains is None:
+                instance.chains = ChainStore(self.config.templates)
+            instance.chains.add(
+                record.request_id, record.agent_id, record.start, record.prompt_blocks, record.response_blocks
+            )
         instance.last_activity = max(instance.last_activity, record.end)
         closed: tuple[WorkflowTrace, ...] = ()
         if record.workflow_end:
@@ -213,6 +228,8 @@ class WorkflowProfile:
         self._remember(self._closed_ids, workflow_id, self.config.max_closed_ids)
         trace = build_trace(workflow_id, instance.calls.values())
         self._learn(trace)
+        if instance.chains is not None:
+            self.templates.learn(instance.chains.calls())
         return trace
 
     def _learn(self, trace: WorkflowTrace) -> None:
@@ -374,6 +391,7 @@ class WorkflowProfile:
             nxt.end_probability,
             tables.ranking.rank.get(agent_id),
             position.on_path,
+            self.templates.template(nxt.agents[0][0]) if nxt.agents else "",
         )
 
     # ---------------------------------------------------------------------------- inspection
@@ -393,6 +411,10 @@ class WorkflowProfile:
         gaps = self.tool_gaps.get(tool)
         return float(np.percentile(list(gaps), percentile)) if gaps else None
 
+    def prompt_templates(self) -> dict[str, AgentTemplate]:
+        """Per agent: the dominant prompt-composition template and its support (templates.py)."""
+        return dict(self.templates.templates())
+
     def gap_after(self, agent_id: str) -> Summary | None:
         summary = self._tables().summaries.get(agent_id)
         return summary.gap_after_s if summary is not None else None
@@ -406,7 +428,11 @@ class WorkflowProfile:
             "workflow_type_id": self.workflow_type_id,
             "config": asdict(self.config),
             "open": {
-                w: {"calls": [_call_state(c) for c in o.calls.values()], "last_activity": o.last_activity}
+                w: {
+                    "calls": [_call_state(c) for c in o.calls.values()],
+                    "last_activity": o.last_activity,
+                    "chains": None if o.chains is None else o.chains.to_state(),
+                }
                 for w, o in self._open.items()
             },
             "seen": list(self._seen),
@@ -423,6 +449,7 @@ class WorkflowProfile:
             "tool_gaps": {t: list(g) for t, g in self.tool_gaps.items()},
             "instances": self.instances,
             "since_synthesis": self.since_synthesis,
+            "templates": self.templates.to_state(),
             "model": None
             if self.model is None
             else {
@@ -438,12 +465,15 @@ class WorkflowProfile:
         raw = dict(state["config"])
         raw["synthesis"] = SynthesisConfig(**raw["synthesis"])
         raw["confidence"] = ConfidenceConfig(**raw["confidence"])
+        raw["templates"] = TemplateConfig(**raw.get("templates", {}))
         profile = cls(state["tenant"], state["workflow_type_id"], ProfileConfig(**raw))
         for w, o in state["open"].items():
             instance = _Open(last_activity=float(o["last_activity"]))
             for c in o["calls"]:
                 call = Call(**{**c, "parent_request_ids": tuple(c["parent_request_ids"])})
                 instance.calls[call.request_id] = call
+            if o.get("chains") is not None:
+                instance.chains = ChainStore.from_state(o["chains"], profile.config.templates)
             profile._open[w] = instance
         profile._seen = OrderedDict((k, None) for k in state["seen"])
         profile._closed_ids = OrderedDict((k, None) for k in state["closed_ids"])
@@ -459,6 +489,8 @@ class WorkflowProfile:
         profile.tool_gaps = {t: deque(g, maxlen=4096) for t, g in state["tool_gaps"].items()}
         profile.instances = int(state["instances"])
         profile.since_synthesis = int(state["since_synthesis"])
+        if "templates" in state:
+            profile.templates = TemplateLearner.from_state(state["templates"], profile.config.templates)
         if state["model"] is not None:
             m = state["model"]
             profile.model = PathModel(parse(m["expr"]), m["weights"])
