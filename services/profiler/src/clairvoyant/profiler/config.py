@@ -1,0 +1,49 @@
+"""Profiler settings (environment prefix ``CV_``, e.g. ``CV_PROFILER_PORT``)."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+from sqlalchemy.engine import make_url
+
+from clairvoyant.core.config import ServiceSettings
+from clairvoyant.profiler.core import ConfidenceConfig, ProfileConfig, SynthesisConfig
+
+
+class ProfilerSettings(ServiceSettings):
+    profiler_port: int = Field(50052, ge=0, le=65535, description="gRPC port; 0 picks a free one")
+    metrics_port: int = Field(9102, ge=0, le=65535, description="Prometheus /metrics; 0 disables")
+    database_url: str = Field(
+        "sqlite:///var/profiler.db", description="where profiles persist (SQLAlchemy URL: SQLite or PostgreSQL)"
+    )
+    # The learning model (clairvoyant.profiler.core.ProfileConfig).
+    idle_timeout_s: float = Field(600.0, gt=0, description="an instance silent this long is closed")
+    min_instances: int = Field(30, ge=1, description="closed instances before a profile leaves shadow")
+    high_instances: int = Field(100, ge=1, description="closed instances before confidence can be high")
+    prune_threshold: float = Field(
+        0.05, ge=0, lt=1, description="transitions taken by fewer of the traces are pruned"
+    )
+    resynthesize_every: int = Field(20, ge=1, description="closed instances between path re-synthesis")
+    max_traces: int = Field(500, ge=1, description="recent traces each synthesis learns from")
+    # The JetStream consumer of cv.requests.completed.
+    consumer_name: str = Field("profiler", min_length=1, description="durable JetStream consumer name")
+    batch_size: int = Field(256, ge=1, le=10_000, description="records fetched, applied and acked together")
+    fetch_timeout_s: float = Field(1.0, gt=0, description="longest wait for a batch")
+    ack_wait_s: float = Field(60.0, gt=0, description="unacked records are redelivered after this long")
+    tick_interval_s: float = Field(5.0, gt=0, description="how often idle instances are looked for")
+    retry_interval_s: float = Field(1.0, gt=0, description="pause after a NATS or database failure")
+    shutdown_grace_s: float = Field(5.0, ge=0, description="in-flight RPCs get this long on SIGTERM")
+
+    @field_validator("database_url")
+    @classmethod
+    def _parsable_url(cls, value: str) -> str:
+        make_url(value)  # fail at start on a malformed URL, not at the first write
+        return value
+
+    def profile_config(self) -> ProfileConfig:
+        return ProfileConfig(
+            idle_timeout_s=self.idle_timeout_s,
+            resynthesize_every=self.resynthesize_every,
+            max_traces=self.max_traces,
+            synthesis=SynthesisConfig(prune_threshold=self.prune_threshold),
+            confidence=ConfidenceConfig(min_instances=self.min_instances, high_instances=self.high_instances),
+        )

@@ -1,0 +1,102 @@
+"""Wire <-> core: CompletionRecord to CallRecord, core annotations and profiles to protobuf."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from clairvoyant.contracts.v1 import common_pb2, profiler_pb2
+from clairvoyant.profiler.core import Annotation, CallRecord, Tier, WorkflowProfile
+
+CONFIDENCE: dict[Tier, common_pb2.Confidence] = {
+    Tier.NONE: common_pb2.CONFIDENCE_NONE,
+    Tier.SHADOW: common_pb2.CONFIDENCE_SHADOW,
+    Tier.LOW: common_pb2.CONFIDENCE_LOW,
+    Tier.HIGH: common_pb2.CONFIDENCE_HIGH,
+}
+
+
+class KeyedRecord(NamedTuple):
+    """A completed call and the profile it belongs to."""
+
+    tenant: str
+    workflow_type_id: str
+    record: CallRecord
+
+
+def call_record(msg: common_pb2.CompletionRecord) -> KeyedRecord | None:
+    """The call a CompletionRecord describes, or None when it names no workflow (nothing to learn).
+
+    Times are the gateway's wall clock: the call starts when the request arrived and ends when its
+    last byte was sent (a record without an end time is taken as instantaneous)."""
+    meta = msg.app_metadata
+    if not (msg.HasField("app_metadata") and msg.request_id and meta.workflow_type_id and meta.workflow_id
+            and meta.agent_id):
+        return None
+    start = msg.timing.arrival_time
+    end = msg.timing.end_time if msg.timing.end_time >= start else start
+    record = CallRecord(
+        request_id=msg.request_id,
+        workflow_id=meta.workflow_id,
+        agent_id=meta.agent_id,
+        start=start,
+        end=end,
+        prompt_tokens=msg.prompt_tokens,
+        output_tokens=msg.output_tokens,
+        upstream_agent_id=meta.upstream_agent_id if meta.HasField("upstream_agent_id") else None,
+        parent_request_ids=tuple(meta.parent_request_ids),
+        tool=meta.tool if meta.HasField("tool") else None,
+        workflow_version=meta.workflow_version if meta.HasField("workflow_version") else None,
+        workflow_end=meta.workflow_end,
+        prompt_blocks=tuple(msg.prompt_block_hashes),
+        response_blocks=tuple(msg.response_block_hashes),
+    )
+    return KeyedRecord(msg.tenant, meta.workflow_type_id, record)
+
+
+def sys_annotations(annotation: Annotation) -> common_pb2.SysAnnotations:
+    out = common_pb2.SysAnnotations(
+        confidence=CONFIDENCE[annotation.confidence],
+        predicted_path_regex=annotation.path_expression,
+        next_agents=[common_pb2.NextAgent(agent_id=a, probability=p) for a, p in annotation.next_agents],
+        # The composition template is newer than the rest of the core's Annotation; "" until it exists.
+        prompt_composition=getattr(annotation, "next_prompt_template", "") or "",
+    )
+    if annotation.output_len_p50 is not None and annotation.output_len_p99 is not None:
+        out.predicted_output_len.CopyFrom(
+            common_pb2.LengthInterval(p50=annotation.output_len_p50, p99=annotation.output_len_p99)
+        )
+    if annotation.expected_remaining_steps is not None:
+        out.expected_remaining_steps = annotation.expected_remaining_steps
+    if annotation.expected_remaining_time_s is not None:
+        out.expected_remaining_time_s = annotation.expected_remaining_time_s
+    if annotation.kairos_rank is not None:
+        out.kairos_rank = float(annotation.kairos_rank)
+    return out
+
+
+def workflow_profile(profile: WorkflowProfile, *, agents: bool = True) -> profiler_pb2.WorkflowProfile:
+    out = profiler_pb2.WorkflowProfile(
+        tenant=profile.tenant,
+        workflow_type_id=profile.workflow_type_id,
+        path_expression=profile.expression,
+        confidence=CONFIDENCE[profile.confidence.tier],
+        instances=profile.instances,
+    )
+    if not agents:
+        return out
+    rank = profile.ranking().rank
+    for agent_id, summary in sorted(profile.agent_summaries().items()):
+        agent = profiler_pb2.AgentProfile(agent_id=agent_id, samples=summary.calls)
+        if summary.output_len is not None:
+            agent.output_len.CopyFrom(
+                common_pb2.LengthInterval(p50=summary.output_len.p50, p99=summary.output_len.p99)
+            )
+            agent.output_len_cv = summary.output_len.cv
+        if summary.service_s is not None:
+            agent.mean_service_time_s = summary.service_s.mean
+        if summary.remaining_s is not None:
+            agent.mean_remaining_time_s = summary.remaining_s.mean
+        if agent_id in rank:
+            agent.kairos_rank = float(rank[agent_id])
+        out.agents.append(agent)
+    return out

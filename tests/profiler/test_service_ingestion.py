@@ -1,0 +1,211 @@
+"""Durable ingestion through real NATS JetStream: nothing lost, nothing counted twice, across a
+crash between the database write and the ack and a restart; a dead NATS only pauses learning."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+
+import grpc
+import nats
+import pytest
+from nats.js.client import JetStreamContext
+from prometheus_client import REGISTRY
+
+from clairvoyant.contracts.v1 import common_pb2, profiler_pb2, profiler_pb2_grpc
+from clairvoyant.core.bus import COMPLETIONS_STREAM, COMPLETIONS_SUBJECT
+from clairvoyant.core.clock import ManualClock
+from clairvoyant.core.natsserver import NatsServer, free_port
+from clairvoyant.profiler.config import ProfilerSettings
+from clairvoyant.profiler.persistence import ProfileRepository, ProfileSnapshot
+from clairvoyant.profiler.service import ProfilerService
+from tests.profiler.test_service_records import EPOCH, completion_records, reference_store, small_config
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+BATCH = 16
+
+
+def settings(nats_url: str, database_url: str, **overrides: object) -> ProfilerSettings:
+    values: dict[str, object] = {
+        "nats_url": nats_url,
+        "database_url": database_url,
+        "profiler_port": 0,
+        "metrics_port": 0,
+        "nats_connect_timeout_s": 1.0,
+        "batch_size": BATCH,
+        "fetch_timeout_s": 0.2,
+        "retry_interval_s": 0.2,
+        "tick_interval_s": 0.05,
+        "ack_wait_s": 30.0,
+        "min_instances": 10,
+        "high_instances": 40,
+        "resynthesize_every": 10,
+        **overrides,
+    }
+    return ProfilerSettings(**values)  # type: ignore[arg-type]
+
+
+class CrashingRepository(ProfileRepository):
+    """Writes ``healthy_saves`` batches, then fails every write: the process 'dies' after applying
+    records in memory but before they are stored or acked."""
+
+    def __init__(self, database_url: str, healthy_saves: int) -> None:
+        super().__init__(database_url)
+        self.healthy_saves = healthy_saves
+        self.failed = threading.Event()
+
+    def save(self, snapshots: Iterable[ProfileSnapshot]) -> int:
+        if self.healthy_saves == 0:
+            self.failed.set()
+            raise OSError("the database went away")
+        self.healthy_saves -= 1
+        return super().save(snapshots)
+
+
+def records_total(outcome: str) -> float:
+    return REGISTRY.get_sample_value("cv_profiler_records_total", {"outcome": outcome}) or 0.0
+
+
+async def until(condition: Callable[[], bool | Awaitable[bool]], what: str, timeout: float = 60.0) -> None:
+    """Poll ``condition`` (plain or async) until it holds; the timeout only stops a hung test."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value if isinstance(value, bool) else await value:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def publish(js: JetStreamContext, payloads: Iterable[bytes]) -> None:
+    for data in payloads:
+        await js.publish(COMPLETIONS_SUBJECT, data)
+
+
+async def test_nothing_lost_and_nothing_counted_twice_across_a_crash_and_restart(
+    nats_url: str, tmp_path: Path
+) -> None:
+    database_url = f"sqlite:///{tmp_path / 'profiler.db'}"
+    records = completion_records("acme", "coding", 30, seed=5)
+    first, rest = records[:200], records[200:]
+    assert len(rest) > 100
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    await js.add_stream(name=COMPLETIONS_STREAM, subjects=[COMPLETIONS_SUBJECT])
+    await publish(js, (m.SerializeToString() for m in first))
+    clock = ManualClock(EPOCH)  # the records' own time scale: no instance is idle until the test says so
+
+    # Run 1: five batches are stored and acked, then every write fails; stop in that state.
+    crashing = CrashingRepository(database_url, healthy_saves=5)
+    service = ProfilerService(settings(nats_url, database_url), clock=clock, repository=crashing)
+    await service.start()
+    await until(crashing.failed.is_set, "the write to fail")
+    in_memory = len(service.store.profile("acme", "coding").to_state()["seen"])
+    await service.stop()
+    info = await js.consumer_info(COMPLETIONS_STREAM, "profiler")
+    assert info.ack_floor.stream_seq == 5 * BATCH  # exactly the stored batches were acked
+    stored = ProfileRepository(database_url).load("acme", "coding")
+    assert stored is not None and len(stored.to_state()["seen"]) == 5 * BATCH < in_memory
+
+    # Run 2, on the same database: the unacked records come back, the rest and duplicates arrive.
+    skipped, undecodable, duplicates = records_total("no_workflow"), records_total("undecodable"), records_total(
+        "duplicate"
+    )
+    service = ProfilerService(settings(nats_url, database_url), clock=clock)
+    await service.start()
+    assert len(service.store.profile("acme", "coding").to_state()["seen"]) == 5 * BATCH
+    anonymous = common_pb2.CompletionRecord(request_id="no-meta", tenant="acme")
+    replayed = first[70:90] + rest[:10]  # around the crash point, and records of this run
+    await publish(js, [anonymous.SerializeToString(), b"\xff not a protobuf"])
+    await publish(js, (m.SerializeToString() for m in rest + replayed))
+
+    async def drained() -> bool:
+        info = await js.consumer_info(COMPLETIONS_STREAM, "profiler")
+        return info.num_pending == 0 and info.num_ack_pending == 0
+
+    await until(drained, "every record to be acked")
+    profile = service.store.profile("acme", "coding")
+    reference = reference_store(records, small_config()).profile("acme", "coding")
+    assert profile.instances == reference.instances == 30
+    assert sum(a.calls for a in profile.agents.values()) == len(records)
+    assert sorted(profile.to_state()["seen"]) == sorted(m.request_id for m in records)
+    assert profile.to_state() == reference.to_state()
+    assert records_total("duplicate") - duplicates == len(replayed)
+    assert (records_total("no_workflow") - skipped, records_total("undecodable") - undecodable) == (1, 1)
+
+    # An instance left open is closed by the idle tick once the clock passes the timeout.
+    partial = completion_records("acme", "coding", 1, seed=6, first=30)[:5]
+    await publish(js, (m.SerializeToString() for m in partial))
+    await until(drained, "the partial instance to be acked")
+    assert profile.instances == 30 and len(profile.to_state()["open"]) == 1
+    clock.advance(31 * 1000.0 + profile.config.idle_timeout_s)
+    await until(lambda: profile.instances == 31, "the idle instance to close")
+    await service.stop()
+
+    # What run 2 ended with is exactly what a third start reads back.
+    restored = ProfileRepository(database_url).load("acme", "coding")
+    assert restored is not None and restored.to_state() == profile.to_state()
+    assert restored.instances == 31 and restored.to_state()["open"] == {}
+    await nc.close()
+
+
+async def test_without_nats_annotate_serves_from_memory_and_learning_resumes_when_it_comes_up(
+    tmp_path: Path,
+) -> None:
+    database_url = f"sqlite:///{tmp_path / 'profiler.db'}"
+    trained = reference_store(completion_records("acme", "coding", 40, seed=7), small_config())
+    repository = ProfileRepository(database_url)
+    repository.save([ProfileSnapshot.of(trained.profile("acme", "coding"))])
+    repository.close()
+    port = free_port()
+    nats_url = f"nats://127.0.0.1:{port}"
+    service = ProfilerService(settings(nats_url, database_url), clock=ManualClock(EPOCH))
+    await asyncio.wait_for(service.start(), timeout=30)  # returns although NATS is down
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{service.port}") as channel:
+            stub = profiler_pb2_grpc.ProfilerStub(channel)
+            reply = await stub.Annotate(
+                profiler_pb2.AnnotateRequest(
+                    request_id="r",
+                    tenant="acme",
+                    app_metadata=common_pb2.AppMetadata(workflow_type_id="coding", workflow_id="x", agent_id="planner"),
+                ),
+                timeout=5,
+            )
+        assert not service.bus.connected
+        assert [a.agent_id for a in reply.annotations.next_agents][:1] == ["explorer"]
+        assert reply.annotations.confidence in (common_pb2.CONFIDENCE_LOW, common_pb2.CONFIDENCE_HIGH)
+
+        server = NatsServer(tmp_path / "nats", port=port).start()
+        try:
+            nc = await nats.connect(nats_url)
+            js = nc.jetstream()
+            await until(lambda: service.bus.connected, "the bus to reconnect")
+            # The bus creates the stream on connect; publish once it exists.
+            await until(_stream_exists(js), "the stream to exist")
+            more = completion_records("acme", "coding", 2, seed=8, first=40)
+            await publish(js, (m.SerializeToString() for m in more))
+            profile = service.store.profile("acme", "coding")
+            await until(lambda: profile.instances == 42, "the new instances to be learned")
+            await nc.close()
+        finally:
+            await service.stop()
+            server.stop()
+    finally:
+        await service.stop()
+
+
+def _stream_exists(js: JetStreamContext) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        try:
+            await js.stream_info(COMPLETIONS_STREAM)
+        except nats.js.errors.NotFoundError:
+            return False
+        return True
+
+    return check
