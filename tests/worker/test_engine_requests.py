@@ -159,3 +159,18 @@ def test_tiny_top_p_equals_greedy() -> None:
     assert nucleus.token_ids == greedy.token_ids
     full = _run_alone(max_tokens=25, temperature=1.3, top_p=1.0, seed=5)
     assert full.token_ids != greedy.token_ids
+
+
+def test_a_token_only_request_generates_the_same_tokens_without_text() -> None:
+    prompt = letters(12, seed=4)
+    with_text = _run_alone("r", prompt, max_tokens=10, ignore_eos=True)
+    token_only = _run_alone("r", prompt, max_tokens=10, ignore_eos=True, detokenize=False)
+    assert token_only.token_ids == with_text.token_ids and len(token_only.token_ids) == 10
+    assert with_text.text and token_only.text == ""
+    assert token_only.final.finish_reason == "length"
+    engine, _ = make_engine(block_size=4, num_blocks=16)
+    with pytest.raises(ValueError, match="stop strings need text"):
+        engine.add_request(request("s", prompt, stop=["a"], detokenize=False))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        engine.add_request(request("v", [1, 2, 10**6]))
+    assert engine.stats().waiting == 0

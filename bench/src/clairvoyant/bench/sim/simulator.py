@@ -216,6 +216,7 @@ class Simulator:
                     sampling=SamplingParams(max_tokens=call.output_tokens, temperature=0.0, ignore_eos=True),
                     priority=decision.base_priority,
                     lineage=Lineage(TENANT, program.workflow_id, call.agent_id, call.call_id),
+                    detokenize=False,
                 )
             )
             self._outputs[call.call_id] = []

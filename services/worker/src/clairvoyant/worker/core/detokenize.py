@@ -16,6 +16,7 @@ leading space) decode correctly because the window starts a few prompt tokens ba
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 from clairvoyant.worker.runners.base import Tokenizer
 
@@ -100,3 +101,37 @@ class IncrementalDetokenizer:
             if any(s.startswith(tail) for s in self._stop):
                 return length
         return 0
+
+
+class Detokenizer(Protocol):
+    """What the engine needs of a request's detokenizer (``IncrementalDetokenizer`` or ``NoText``)."""
+
+    stopped: bool
+    text: str
+
+    def append(self, token_id: int) -> None: ...
+
+    def extend(self, token_ids: Sequence[int]) -> None: ...
+
+    def take(self, check_stop: bool) -> str: ...
+
+    def flush(self) -> str: ...
+
+
+class NoText:
+    """The detokenizer of a request that wants token ids only: every call releases no text."""
+
+    stopped = False
+    text = ""
+
+    def append(self, token_id: int) -> None:
+        pass
+
+    def extend(self, token_ids: Sequence[int]) -> None:
+        pass
+
+    def take(self, check_stop: bool) -> str:
+        return ""
+
+    def flush(self) -> str:
+        return ""

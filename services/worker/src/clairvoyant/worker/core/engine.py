@@ -20,7 +20,7 @@ from clairvoyant.worker.core.decode_run import (
     replay_block_events,
     steps_to_first_finish,
 )
-from clairvoyant.worker.core.detokenize import IncrementalDetokenizer
+from clairvoyant.worker.core.detokenize import IncrementalDetokenizer, NoText
 from clairvoyant.worker.core.sampling import SamplingParams, make_generator, sample
 from clairvoyant.worker.core.scheduler import Scheduler, SchedulerOutput
 from clairvoyant.worker.core.sequence import Sequence, SequenceStatus
@@ -104,9 +104,11 @@ class LLMEngine:
                 f"request needs {blocks} KV blocks but the pool has {self.config.num_blocks}; "
                 "lower max_tokens or the prompt length"
             )
-        bad = [t for t in req.prompt_token_ids if not 0 <= t < info.vocab_size]
-        if bad:
-            raise ValueError(f"token id {bad[0]} outside the vocabulary (size {info.vocab_size})")
+        if min(req.prompt_token_ids) < 0 or max(req.prompt_token_ids) >= info.vocab_size:
+            bad = next(t for t in req.prompt_token_ids if not 0 <= t < info.vocab_size)
+            raise ValueError(f"token id {bad} outside the vocabulary (size {info.vocab_size})")
+        if not req.detokenize and req.sampling.stop:
+            raise ValueError("stop strings need text: a request with detokenize=False cannot have them")
         params = req.sampling
         generator = None
         if not params.greedy:
@@ -116,7 +118,9 @@ class LLMEngine:
             request=req,
             arrival_time=self.clock() if req.arrival_time is None else req.arrival_time,
             generator=generator,
-            detokenizer=IncrementalDetokenizer(self.runner.tokenizer, req.prompt_token_ids, params.stop),
+            detokenizer=IncrementalDetokenizer(self.runner.tokenizer, req.prompt_token_ids, params.stop)
+            if req.detokenize
+            else NoText(),
             eos_token_ids=info.eos_token_ids,
         )
         self._next_seq_id += 1

@@ -13,7 +13,7 @@ import enum
 
 import torch
 
-from clairvoyant.worker.core.detokenize import IncrementalDetokenizer
+from clairvoyant.worker.core.detokenize import Detokenizer
 from clairvoyant.worker.core.sampling import SampleRow, SamplingParams
 from clairvoyant.worker.core.types import EngineRequest, FinishReason, Lineage
 
@@ -35,7 +35,7 @@ class Sequence:
         request: EngineRequest,
         arrival_time: float,
         generator: torch.Generator | None,
-        detokenizer: IncrementalDetokenizer,
+        detokenizer: Detokenizer,
         eos_token_ids: tuple[int, ...],
     ) -> None:
         self.seq_id = seq_id

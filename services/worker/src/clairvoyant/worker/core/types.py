@@ -34,6 +34,7 @@ class EngineRequest:
     priority: float = 0.0  # set by the global scheduler; LARGER = more urgent
     lineage: Lineage | None = None
     arrival_time: float | None = None  # engine clock time; None = "now" at add_request
+    detokenize: bool = True  # False: outputs carry token ids only, no text (the simulator); no stop strings
 
 
 @dataclass
