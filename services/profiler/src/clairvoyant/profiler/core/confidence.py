@@ -38,6 +38,9 @@ class ConfidenceConfig:
     min_window: int = 10
     max_acceptance_drop: float = 0.15
     high_acceptance: float = 0.95
+    # False: leave SHADOW on min_instances alone (an operator who trusts the structure before every
+    # distribution has converged; the offline evaluation's --ungated)
+    require_convergence: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +119,7 @@ def on_instance(
             and state.total_instances >= config.high_instances
         ):
             return replace(state, tier=Tier.HIGH, reason="stable")
+    converged = converged or not config.require_convergence
     if state.tier is Tier.SHADOW and state.instances >= config.min_instances and converged:
         return replace(state, tier=Tier.LOW, reason=f"{state.instances} instances, converged")
     return state

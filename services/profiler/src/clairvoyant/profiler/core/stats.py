@@ -13,10 +13,11 @@
   tool-call-aware TTL (seed 003, §4.2, Algorithm 1) takes its percentile from (default p95); also
   kept per tool when the next call names the ``tool`` that preceded it.
 * Convergence (Kairos §4.3): samples arrive in an exponentially growing schedule; each time the count
-  doubles (16, 32, 64, ...) the Wasserstein-1 distance between the distribution at n and at 2n is
+  doubles (8, 16, 32, ...) the Wasserstein-1 distance between the distribution at n and at 2n is
   computed.  Choice: the distance is relative (W1 divided by the mean of the newer distribution), and
   a distribution is converged when it is at most ``threshold`` (default 0.1); the flag follows the
-  latest check, and the workflow count at which it first held (in the current run) is kept.
+  latest check, and the workflow count at which it first held (in the current run) is kept.  The
+  first check is at 8 so that a stable workflow can converge at 16 instances, not 32.
 Samples are kept in a sliding window of the most recent ``MAX_SAMPLES`` so memory is bounded and a
 drifting agent is followed.
 """
@@ -36,7 +37,7 @@ MIN_CORRELATION = 0.5
 MIN_PAIRS = 20
 SKETCH_POINTS = 200
 DEFAULT_CONVERGENCE_THRESHOLD = 0.1
-FIRST_CHECK = 16
+FIRST_CHECK = 8
 
 
 def wasserstein(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> float:

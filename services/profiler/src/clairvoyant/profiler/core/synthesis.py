@@ -266,7 +266,7 @@ class _Synth:
         if len(conforming) < (1 - self.config.prune_threshold) * len(segments) or not full_ends:
             return self.generic_loop(segments)
         if full_ends.most_common(1)[0][0] == exit_:  # do-while: B^k
-            return self.repeat([blocks for blocks in blocks_per], lo_floor=1)
+            return self.repeat([blocks for blocks in blocks_per], lo_floor=1) or self.generic_loop(segments)
         # rework: L (R L)^k -- cut every full block after its first ``exit_``
         firsts: list[list[_Tok]] = []
         iterations: list[list[list[_Tok]]] = []

@@ -300,11 +300,13 @@ class TemplateLearner:
         self.static: dict[str, tuple[int, ...]] = {}
         self.counts: dict[str, _AgentCounts] = {}
         self._cache: dict[str, AgentTemplate] | None = None
+        self._seen = 0  # instances learned
 
     def learn(self, calls: Sequence[ChainCall]) -> None:
         """One closed instance: ``calls`` in start order, as ``ChainStore.calls()`` returns them."""
         if not calls:
             return
+        self._seen += 1
         firsts: dict[str, tuple[int, ...]] = {}
         for c in calls:
             if c.agent_id not in firsts:
@@ -312,7 +314,16 @@ class TemplateLearner:
         for agent, prompt in firsts.items():
             window = self.samples.setdefault(agent, deque(maxlen=self.config.static_window))
             window.append(prompt)
-            self.static[agent] = static_run(window, self.config.static_min_share)
+            current = self.static.get(agent, ())
+            # Recomputing costs a pass over the window: do it while the window fills, when this
+            # prompt breaks the current run, and every eighth instance after that.
+            if (
+                len(window) < self.config.static_window
+                or prompt[: len(current)] != current
+                or len(current) == 0
+                or self._seen % 8 == 0
+            ):
+                self.static[agent] = static_run(window, self.config.static_min_share)
         for agent, desc in describe(calls, dict(self.static), self.config.max_sources):
             counts = self.counts.setdefault(agent, _AgentCounts())
             counts.calls += 1
