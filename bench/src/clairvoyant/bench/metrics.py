@@ -27,7 +27,8 @@ def summarize(records: RunRecords) -> dict[str, Any]:
     done = [w for w in records.workflows if w.end_time is not None]
     jcts = [w.jct_s for w in done]
     bounds = [w.lower_bound_s for w in done]
-    calls = [c for c in records.calls if c.end_time is not None]
+    calls = [c for c in records.calls if c.end_time is not None and not c.rejected]
+    rejected = sum(1 for c in records.calls if c.rejected)
     generated = sum(c.generated_tokens for c in calls)
     prompt = sum(c.prompt_tokens for c in calls)
     duration = records.duration_s or 1e-9
@@ -48,6 +49,7 @@ def summarize(records: RunRecords) -> dict[str, Any]:
     return {
         "workflows": len(done),
         "calls": len(calls),
+        "rejected_calls": rejected,  # refused by a replica (e.g. over the context window); not in "calls"
         "avg_jct_s": avg_jct,
         "p50_jct_s": _pct(jcts, 50),
         "p95_jct_s": _pct(jcts, 95),

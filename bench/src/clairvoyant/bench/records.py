@@ -23,6 +23,7 @@ class CallRecord:
     end_time: float | None = None
     cached_tokens: int = 0
     generated_tokens: int = 0
+    rejected: str = ""  # why the replica refused it (e.g. longer than the context window); "" = served
 
     @property
     def queue_s(self) -> float:

@@ -209,22 +209,38 @@ class Simulator:
             call = program.call(decision.request_id)
             replica = self.replicas[decision.worker_id]
             record.worker_id, record.dispatch_time = replica.worker_id, now
-            replica.engine.add_request(
-                EngineRequest(
-                    request_id=call.call_id,
-                    prompt_token_ids=self.prompts.prompt(program.workflow_type, call),
-                    sampling=SamplingParams(max_tokens=call.output_tokens, temperature=0.0, ignore_eos=True),
-                    priority=decision.base_priority,
-                    lineage=Lineage(TENANT, program.workflow_id, call.agent_id, call.call_id),
-                    detokenize=False,
-                )
-            )
+            try:
+                self._add_request(replica, program, call, decision.base_priority)
+            except ValueError as exc:  # what a live worker answers with INVALID_ARGUMENT
+                self._reject(record, str(exc), now)
+                continue
             self._outputs[call.call_id] = []
             if replica.run is not None:
                 self._cut(replica, replica.run, now)
             self._wake(replica)
         if decisions or self._submitted:  # nothing else changes a queue's depth
             self._record_depths(now)
+
+    def _add_request(self, replica: _Replica, program: WorkflowProgram, call: Call, priority: float) -> None:
+        replica.engine.add_request(
+            EngineRequest(
+                request_id=call.call_id,
+                prompt_token_ids=self.prompts.prompt(program.workflow_type, call),
+                sampling=SamplingParams(max_tokens=call.output_tokens, temperature=0.0, ignore_eos=True),
+                priority=priority,
+                lineage=Lineage(TENANT, program.workflow_id, call.agent_id, call.call_id),
+                detokenize=False,
+            )
+        )
+
+    def _reject(self, record: CallRecord, reason: str, now: float) -> None:
+        """A call the replica refused: it ends at once with no output and its workflow goes on, as an
+        agent that gets an error and carries on would (without the tool call a reply would have led
+        to).  Reports count it under ``rejected_calls``, apart from the served ``calls``."""
+        record.rejected, record.end_time = reason, now
+        self.scheduler.complete(record.call_id)
+        self.prompts.record_response(record.call_id, [])  # later prompts that quote it get nothing
+        self._release_dependents(self._programs[record.workflow_id], record, now)  # no output: no tool
 
     def _record_depths(self, now: float) -> None:
         """Append (now, model, depth) for each model whose depth changed since it was last recorded."""
@@ -307,9 +323,10 @@ class Simulator:
         record.generated_tokens = out.completion_tokens
         self.scheduler.complete(out.request_id)
         self.prompts.record_response(out.request_id, self._outputs.pop(out.request_id))
-        program = self._programs[record.workflow_id]
-        done_at = now + record.tool_latency_s
-        for child_id in self._children[program.workflow_id][out.request_id]:
+        self._release_dependents(self._programs[record.workflow_id], record, now + record.tool_latency_s)
+
+    def _release_dependents(self, program: WorkflowProgram, record: CallRecord, done_at: float) -> None:
+        for child_id in self._children[program.workflow_id][record.call_id]:
             self._waiting_on[child_id] -= 1
             if self._waiting_on[child_id] == 0:
                 child = program.call(child_id)
