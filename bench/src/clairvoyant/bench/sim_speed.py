@@ -65,6 +65,7 @@ class SimSpeed:
         parser.add_argument("--horizon", type=float, default=30.0, help="virtual seconds timed per run")
         parser.add_argument("--warmup", type=float, default=0.0, help="virtual seconds run, untimed, first")
         parser.add_argument("--seed", type=int, default=0)
+        parser.add_argument("--block-size", type=int, default=16, help="simulated KV block size (tokens)")
         parser.add_argument(
             "--profile", action="store_true", help="cProfile one more run at the largest concurrency"
         )
@@ -116,7 +117,7 @@ class SimSpeed:
     def _simulator(args: argparse.Namespace, concurrency: int) -> tuple[Simulator, Any, Any]:
         # Twice the concurrency in programs: the loop stays full past any horizon a run uses.
         config = ExperimentConfig(workload=args.workload, gpus=args.gpus, workflows=2 * concurrency,
-                                  concurrency=concurrency, seed=args.seed)  # fmt: skip
+                                  concurrency=concurrency, seed=args.seed, block_size=args.block_size)  # fmt: skip
         workload = get_workload(config.workload)
         replicas, service = build_cluster(workload, config)
         arrivals, backlog = instance(workload, config)
