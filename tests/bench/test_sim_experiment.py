@@ -74,6 +74,8 @@ def test_cli_compare_writes_the_documented_keys(tmp_path: Path) -> None:
                 "cache_hit_ratio", "preemptions", "lower_bound_avg_jct_s", "distance_from_limit",
                 "virtual_seconds"} <= set(metrics)
         assert metrics["workflows"] == 6 and metrics["distance_from_limit"] >= 1.0
+        assert metrics["cache_hit_ratio_by_tier"] == {"gpu": metrics["cache_hit_ratio"]}
+        assert 0.0 < metrics["cache_hit_ratio"] < 1.0 and metrics["rejected_calls"] == 0
 
 
 @pytest.mark.parametrize(

@@ -61,6 +61,9 @@ def summarize(records: RunRecords) -> dict[str, Any]:
         "ttft_s_by_agent": {a: float(np.mean(v)) for a, v in sorted(ttft.items())},
         "program_token_latency_s": float(np.mean(token_latency)) if token_latency else 0.0,
         "cache_hit_ratio": sum(c.cached_tokens for c in calls) / prompt if prompt else 0.0,
+        # Prompt tokens served per tier.  Engines have one tier (GPU KV) until host and shared tiers
+        # exist; a tier appears here once calls can hit it.
+        "cache_hit_ratio_by_tier": {"gpu": sum(c.cached_tokens for c in calls) / prompt if prompt else 0.0},
         "preemptions": records.preemptions,
         "lower_bound_avg_jct_s": avg_bound,
         "distance_from_limit": avg_jct / avg_bound if avg_bound else 0.0,
