@@ -92,4 +92,4 @@ def test_evaluate_forwards_its_arguments(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setitem(sys.modules, "clairvoyant.profiler.evaluation.cli", module)
     args = ["--data", "traces.jsonl", "--holdout", "0.2", "--seed", "7", "--out", "report.json", "--help"]
     result = CliRunner().invoke(app, ["evaluate", *args])
-    assert (result.exit_code, seen) == (3, [args])
+    assert (result.exit_code, seen) == (3, [["evaluate", *args]])

@@ -193,6 +193,20 @@ async def test_without_nats_annotate_serves_from_memory_and_learning_resumes_whe
             profile = service.store.profile("acme", "coding")
             await until(lambda: profile.instances == 42, "the new instances to be learned")
             await nc.close()
+            # NATS restarts (same port, same JetStream store): the consumer carries on where it was.
+            server.stop()
+            await until(lambda: not service.bus.connected, "the bus to notice")
+            server = NatsServer(tmp_path / "nats", port=port).start()
+            nc = await nats.connect(nats_url)
+            js = nc.jetstream()
+            await until(_stream_exists(js), "the stream to be back")
+            later = completion_records("acme", "coding", 2, seed=9, first=42)
+            await publish(js, (m.SerializeToString() for m in later))
+            await until(lambda: profile.instances == 44, "learning to resume after the restart")
+            assert sum(a.calls for a in profile.agents.values()) == sum(
+                a.calls for a in trained.profile("acme", "coding").agents.values()
+            ) + len(more) + len(later)
+            await nc.close()
         finally:
             await service.stop()
             server.stop()

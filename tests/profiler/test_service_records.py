@@ -3,8 +3,6 @@ and the record builders the other service tests share."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pytest
 
@@ -137,7 +135,7 @@ def test_sys_annotations_carry_every_prediction() -> None:
     assert out.predicted_path_regex == "reviewer -> verifier -> $"
     assert (out.expected_remaining_steps, out.expected_remaining_time_s, out.kairos_rank) == (2.0, 12.5, 3.0)
     assert [(a.agent_id, a.probability) for a in out.next_agents] == [("reviewer", 0.75), ("engineer", 0.25)]
-    assert out.prompt_composition == ""  # the core's Annotation has no template (yet)
+    assert out.prompt_composition == ""
 
 
 def test_empty_annotation_is_confidence_none_with_nothing_set() -> None:
@@ -148,19 +146,7 @@ def test_empty_annotation_is_confidence_none_with_nothing_set() -> None:
     assert (out.predicted_path_regex, len(out.next_agents), out.prompt_composition) == ("", 0, "")
 
 
-def test_prompt_composition_comes_from_a_next_prompt_template_when_the_core_has_one() -> None:
-    @dataclass(frozen=True)
-    class WithTemplate:
-        confidence: Tier = Tier.LOW
-        output_len_p50: float | None = None
-        output_len_p99: float | None = None
-        path_expression: str = ""
-        expected_remaining_steps: float | None = None
-        expected_remaining_time_s: float | None = None
-        next_agents: tuple[tuple[str, float], ...] = ()
-        kairos_rank: int | None = None
-        next_prompt_template: str = "${engineer[-1]:response:[0,1024]}"
-
-    out = convert.sys_annotations(WithTemplate())  # type: ignore[arg-type]
-    assert out.prompt_composition == "${engineer[-1]:response:[0,1024]}"
-    assert out.confidence == common_pb2.CONFIDENCE_LOW
+def test_prompt_composition_is_the_next_prompt_template() -> None:
+    template = "${engineer[-1]:response:[0,1024]}"
+    out = convert.sys_annotations(Annotation(Tier.LOW, next_prompt_template=template))
+    assert (out.prompt_composition, out.confidence) == (template, common_pb2.CONFIDENCE_LOW)

@@ -1,2 +1,5 @@
-"""The profiler service: workflow and workload prediction.  The pure prediction core is in ``core``;
-the service adapter (gRPC, JetStream consumer, SQL persistence) is not built yet."""
+"""The profiler service: workflow and workload prediction.
+
+``core`` is the pure prediction core.  Around it: ``consumer`` (the durable JetStream consumer of
+``cv.requests.completed``), ``persistence`` (profiles in SQL, Alembic ``migrations``), ``grpc_api``
+(Annotate, GetProfile, ListWorkflowTypes), ``service`` (wiring), ``cli`` (serve, show, evaluate)."""

@@ -114,4 +114,5 @@ def evaluate(ctx: typer.Context) -> None:
     except ImportError as exc:
         typer.echo(f"the evaluation module is not available: {exc}", err=True)
         raise typer.Exit(2) from None
-    raise typer.Exit(evaluation_main(list(ctx.args)))
+    # Its parser is the whole profiler command line, so the subcommand's name goes first.
+    raise typer.Exit(evaluation_main(["evaluate", *ctx.args]))

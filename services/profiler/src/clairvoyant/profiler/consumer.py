@@ -140,10 +140,10 @@ class CompletionConsumer:
             return 0
         try:
             msgs = await subscription.fetch(self.settings.batch_size, timeout=self.settings.fetch_timeout_s)
-        except nats.errors.TimeoutError:
+        except TimeoutError:  # nats' own and asyncio's (a pull request that timed out)
             msgs = []  # nothing new within fetch_timeout_s
         except (nats.errors.Error, OSError) as exc:
-            logger.warning("fetching completion records failed (%s); binding the consumer again", exc)
+            logger.warning("fetching completion records failed (%r); binding the consumer again", exc)
             self._unbind()
             await self._pause()
             return 0

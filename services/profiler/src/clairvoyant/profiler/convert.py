@@ -58,8 +58,7 @@ def sys_annotations(annotation: Annotation) -> common_pb2.SysAnnotations:
         confidence=CONFIDENCE[annotation.confidence],
         predicted_path_regex=annotation.path_expression,
         next_agents=[common_pb2.NextAgent(agent_id=a, probability=p) for a, p in annotation.next_agents],
-        # The composition template is newer than the rest of the core's Annotation; "" until it exists.
-        prompt_composition=getattr(annotation, "next_prompt_template", "") or "",
+        prompt_composition=annotation.next_prompt_template,
     )
     if annotation.output_len_p50 is not None and annotation.output_len_p99 is not None:
         out.predicted_output_len.CopyFrom(

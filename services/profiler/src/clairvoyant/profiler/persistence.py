@@ -61,6 +61,10 @@ class ProfileSnapshot(NamedTuple):
 
     @classmethod
     def of(cls, profile: WorkflowProfile) -> ProfileSnapshot:
+        """Also rebuilds ``profile``'s annotation tables: they are derived, not part of the state,
+        so a restored profile builds them afresh, and this keeps the live profile serving exactly
+        what it would serve after a restart."""
+        profile.refresh_tables()
         return cls(
             profile.tenant,
             profile.workflow_type_id,
