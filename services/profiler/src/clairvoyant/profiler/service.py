@@ -64,6 +64,12 @@ class ProfilerService:
         restored = await asyncio.to_thread(self.repository.load_all)
         for profile in restored:
             self.store.profiles[(profile.tenant, profile.workflow_type_id)] = profile
+            if profile.config != self.store.config:
+                # The state carries its own config (window sizes shape the stored deques).
+                logger.warning(
+                    "profile %s/%s keeps the settings it was learned with; changed CV_* model settings "
+                    "apply to new profiles only", profile.tenant, profile.workflow_type_id,
+                )
         m.PROFILES.set(len(self.store.profiles))
         logger.info("restored %d profile(s) from the database", len(restored))
         self.consumer = CompletionConsumer(
