@@ -18,12 +18,27 @@ Metrics (fractions in [0, 1]):
   followed the call's step in the reconstructed trace (no prediction counts as wrong).
 * ``remaining_steps_mae`` — mean |predicted - actual| steps after the call's step, over the calls
   with a prediction (``remaining_steps_predicted`` says how many had one).
-* ``priority_ordering_accuracy`` — Kairos §7.4: at each held-out request's arrival, it is paired
-  with every held-out request of another workflow still in flight; a pair is ordered correctly
-  when the request whose workflow ends sooner has the smaller predicted end (its start + its
-  agent's mean service time + the expected remaining time).  Per-request accuracies are averaged;
-  pairs without a prediction or with equal predictions count one half (FCFS is 0.5), pairs whose
-  workflows end together are skipped.  ``..._kairos_rank`` orders by the agent rank instead.
+* ``priority_ordering_accuracy`` — Kairos §7.4 ("request-level sorting accuracy"): when a held-out
+  request arrives, it is paired with every held-out request of another workflow still in flight;
+  the quantity ordered is the remaining latency to the end of the request's workflow (both are
+  compared at the same moment, so the workflow that ends sooner must get the higher priority).
+  Per-request accuracies (correct pairs / pairs) are averaged over requests.  A pair with no
+  prediction on either side, or equal predictions, counts one half (FCFS scores 0.5: either may
+  run first); pairs whose workflows end at the same instant have no right order and are skipped.
+  Served predictions only: in SHADOW nothing is served and every pair counts one half.  The
+  headline orders by the served predicted end (``start`` + the agent's mean service time + the
+  annotation's ``expected_remaining_time_s``).
+* ``priority_predictors`` — the same accuracy for other orders, each computed from the profile's
+  statistics whether or not the tier serves them (a diagnosis, not what is served):
+  ``kairos`` — Kairos §5's scheduler order: the agent rank, then the earlier application-level
+  (workflow) start; ``agent_mean`` — start + the mean remaining latency of the request's agent
+  (the quantity the Kairos rank is built from, without the MDS); ``workflow_start`` — the earlier
+  workflow start first; ``path`` — the served predictor, ungated; ``oracle_path`` — the true
+  remaining steps, each costed at its agents' mean service time + gap (what a perfect structure
+  model with mean timings would say: the ceiling for any predictor built from mean times).  Each
+  also with ``_cross_agent``: pairs of requests of different agents only (a literal reading of
+  §7.4's "all other agent requests"; same-agent pairs are the ones an agent-level rank cannot
+  separate).
 * ``workflows_to_converge`` — closed instances when ``WorkflowProfile.converged()`` first held.
 * ``annotate_p50_ms``, ``annotate_p99_ms``, ``ingest_records_per_s`` — in process, wall clock.
 """
@@ -39,18 +54,21 @@ import numpy as np
 
 from clairvoyant.profiler.core.confidence import Tier
 from clairvoyant.profiler.core.profile import Annotation, CallRecord, ProfileConfig, WorkflowProfile
-from clairvoyant.profiler.core.trace import build_trace
+from clairvoyant.profiler.core.trace import Step, build_trace
 from clairvoyant.profiler.evaluation.data import Workflow
 
 END = "$"
 
 
+PREDICTORS = ("path", "kairos", "agent_mean", "workflow_start", "oracle_path")
+
+
 @dataclass
 class _Prediction:
     workflow: int
-    start: float
-    predicted_end: float | None
-    rank: int | None
+    agent: str
+    served: float | None  # the served predicted end (None: nothing served)
+    keys: dict[str, Any]  # predictor name -> its sort key (smaller = ends sooner), None if unknown
 
 
 @dataclass
@@ -60,8 +78,8 @@ class _Scores:
     accepted: list[bool] = field(default_factory=list)
     next_hit: list[bool] = field(default_factory=list)
     remaining_error: list[float] = field(default_factory=list)
-    order_time: list[float] = field(default_factory=list)
-    order_rank: list[float] = field(default_factory=list)
+    order_served: list[float] = field(default_factory=list)
+    order: dict[str, list[float]] = field(default_factory=dict)
     annotate_s: list[float] = field(default_factory=list)
     ingest_s: float = 0.0
     records: int = 0
@@ -70,12 +88,17 @@ class _Scores:
 
 
 def _pair_accuracy(
-    me: _Prediction, others: Sequence[_Prediction], ends: Sequence[float], key: Callable[[_Prediction], Any]
+    me: _Prediction,
+    others: Sequence[_Prediction],
+    ends: Sequence[float],
+    key: Callable[[_Prediction], Any],
+    cross_agent: bool = False,
 ) -> float | None:
+    """The share of correctly ordered pairs of ``me`` with ``others`` (module doc)."""
     score, pairs = 0.0, 0
     for other in others:
         truth = ends[me.workflow] - ends[other.workflow]
-        if truth == 0:
+        if truth == 0 or (cross_agent and other.agent == me.agent):
             continue
         pairs += 1
         a, b = key(me), key(other)
@@ -86,14 +109,20 @@ def _pair_accuracy(
     return score / pairs if pairs else None
 
 
-def _next_truth(workflow: Workflow) -> dict[str, tuple[frozenset[str], int]]:
-    """request id -> (agents of the next step or {END}, steps after the call's step)."""
+@dataclass(frozen=True, slots=True)
+class _Truth:
+    following: frozenset[str]  # agents of the next step, or {END}
+    remaining: tuple[Step, ...]  # the steps after the call's step
+
+
+def _truths(workflow: Workflow) -> dict[str, _Truth]:
+    """request id -> what really followed its call."""
     trace = build_trace(workflow.workflow_id, (r.call() for r in workflow.records))
-    truth: dict[str, tuple[frozenset[str], int]] = {}
+    truth: dict[str, _Truth] = {}
     for i, group in enumerate(trace.calls):
         nxt = frozenset(trace.steps[i + 1].agents) if i + 1 < len(trace.steps) else frozenset((END,))
         for call in group:
-            truth[call.request_id] = (nxt, len(trace.steps) - i - 1)
+            truth[call.request_id] = _Truth(nxt, trace.steps[i + 1 :])
     return truth
 
 
@@ -124,7 +153,7 @@ def replay(
             if w >= first_test:
                 events.append((r.start, 1, w, 0, i))
     events.sort()
-    truths: dict[int, dict[str, tuple[frozenset[str], int]]] = {}
+    truths: dict[int, dict[str, _Truth]] = {}
     scores = _Scores()
     in_flight: dict[str, _Prediction] = {}
     for done, (_, kind, w, _, i) in enumerate(events):
@@ -159,7 +188,7 @@ def _score_call(
     profile: WorkflowProfile,
     record: CallRecord,
     annotation: Annotation,
-    truths: dict[int, dict[str, tuple[frozenset[str], int]]],
+    truths: dict[int, dict[str, _Truth]],
     workflows: Sequence[Workflow],
     w: int,
     scores: _Scores,
@@ -171,25 +200,65 @@ def _score_call(
     if p99 is not None:
         scores.width.append(p99 / max(record.output_tokens, 1))
     if w not in truths:
-        truths[w] = _next_truth(workflows[w])
-    following, remaining = truths[w][record.request_id]
-    scores.next_hit.append(_top1(annotation) in following)
+        truths[w] = _truths(workflows[w])
+    truth = truths[w][record.request_id]
+    scores.next_hit.append(_top1(annotation) in truth.following)
     if annotation.expected_remaining_steps is not None:
-        scores.remaining_error.append(abs(annotation.expected_remaining_steps - remaining))
-    predicted_end = None
+        scores.remaining_error.append(abs(annotation.expected_remaining_steps - len(truth.remaining)))
+    summaries = profile.agent_summaries()
+    summary = summaries.get(record.agent_id)
+    service = summary.service_s.mean if summary is not None and summary.service_s is not None else 0.0
+    served = None
     if annotation.expected_remaining_time_s is not None:
-        summary = profile.agent_summaries().get(record.agent_id)
-        service = summary.service_s.mean if summary is not None and summary.service_s is not None else 0.0
-        predicted_end = record.start + service + annotation.expected_remaining_time_s
-    me = _Prediction(w, record.start, predicted_end, annotation.kairos_rank)
+        served = record.start + service + annotation.expected_remaining_time_s
+    keys = _diagnostic_keys(profile, record, truth, service, summaries, workflows[w].records[0].start)
+    me = _Prediction(w, record.agent_id, served, keys)
     others = [p for p in in_flight.values() if p.workflow != w]
-    by_time = _pair_accuracy(me, others, ends, lambda p: p.predicted_end)
-    if by_time is not None:
-        scores.order_time.append(by_time)
-        by_rank = _pair_accuracy(me, others, ends, lambda p: p.rank)
-        assert by_rank is not None
-        scores.order_rank.append(by_rank)
+    by_served = _pair_accuracy(me, others, ends, lambda p: p.served)
+    if by_served is not None:
+        scores.order_served.append(by_served)
+        for name in PREDICTORS:
+            for cross in (False, True):
+                value = _pair_accuracy(me, others, ends, lambda p, n=name: p.keys[n], cross)  # type: ignore[misc]
+                if value is not None:
+                    scores.order.setdefault(name + ("_cross_agent" if cross else ""), []).append(value)
     in_flight[record.request_id] = me
+
+
+def _diagnostic_keys(
+    profile: WorkflowProfile,
+    record: CallRecord,
+    truth: _Truth,
+    service: float,
+    summaries: dict[str, Any],
+    workflow_start: float,
+) -> dict[str, Any]:
+    """Sort keys of every predictor in PREDICTORS (module doc), from the profile's current state."""
+    rank = profile.ranking().rank.get(record.agent_id)
+    summary = summaries.get(record.agent_id)
+    remaining = summary.remaining_s if summary is not None else None
+    mean_remaining = remaining.mean if remaining is not None else None
+
+    def cost(step: Step) -> float:
+        def one(agent: str) -> float:
+            s = summaries.get(agent)
+            if s is None:
+                return 0.0
+            return (s.service_s.mean if s.service_s else 0.0) + (s.gap_after_s.mean if s.gap_after_s else 0.0)
+
+        return max(one(a) for a in step.agents)
+
+    prediction = profile.predict(record.agent_id, record.workflow_id)
+    path = None if prediction is None else prediction.remaining.time_s
+    own_gap = summary.gap_after_s.mean if summary is not None and summary.gap_after_s is not None else 0.0
+    gap_now = own_gap if truth.remaining else 0.0
+    return {
+        "path": None if path is None else record.start + service + path,
+        "kairos": None if rank is None else (rank, workflow_start),
+        "agent_mean": None if mean_remaining is None else record.start + mean_remaining,
+        "workflow_start": workflow_start,
+        "oracle_path": record.start + service + gap_now + sum(cost(s) for s in truth.remaining),
+    }
 
 
 def _mean(values: Sequence[float] | Sequence[bool]) -> float | None:
@@ -208,9 +277,10 @@ def _report(profile: WorkflowProfile, s: _Scores, first_test: int, total: int) -
         "next_agent_top1": _mean(s.next_hit),
         "remaining_steps_mae": _mean(s.remaining_error),
         "remaining_steps_predicted": len(s.remaining_error) / len(s.covered) if s.covered else None,
-        "priority_ordering_accuracy": _mean(s.order_time),
-        "priority_ordering_accuracy_kairos_rank": _mean(s.order_rank),
-        "priority_requests": len(s.order_time),
+        "priority_ordering_accuracy": _mean(s.order_served),
+        "priority_ordering_accuracy_kairos_rank": _mean(s.order.get("kairos", [])),
+        "priority_requests": len(s.order_served),
+        "priority_predictors": {name: _mean(values) for name, values in sorted(s.order.items())},
         "workflows_to_converge": s.converged_at,
         "workflows_to_active": s.active_at,
         "annotate_p50_ms": float(np.percentile(annotate_ms, 50)) if len(annotate_ms) else None,
