@@ -51,7 +51,7 @@ from clairvoyant.profiler.core.ranking import AgentRanking, kairos_ranking
 from clairvoyant.profiler.core.stats import AgentStats, AgentSummary, ConvergenceTracker, Summary
 from clairvoyant.profiler.core.synthesis import SynthesisConfig, synthesize
 from clairvoyant.profiler.core.templates import AgentTemplate, ChainStore, TemplateConfig, TemplateLearner
-from clairvoyant.profiler.core.trace import Call, Step, StepLike, WorkflowTrace, as_steps, build_trace
+from clairvoyant.profiler.core.trace import Call, IncrementalTrace, Step, StepLike, WorkflowTrace, as_steps
 
 CONVERGENCE_MIN_SHARE = 0.05  # agents with fewer of the calls do not gate convergence
 
@@ -150,11 +150,32 @@ class _Open:
     calls: dict[str, Call] = field(default_factory=dict)
     chains: ChainStore | None = None  # block-hash chains of its calls, when records carry them
     last_activity: float = float("-inf")
-    # position cache: steps seen so far and positions[i] = position after i steps, for model_id
+    # The trace so far, kept incrementally (annotate never rebuilds a long session's trace), and
+    # the position cache: positions[i] = position after i steps, valid for model_id up to step
+    # ``dirty_from`` (the first step a call added since may have changed).
+    trace: IncrementalTrace = field(default_factory=IncrementalTrace)
     model_id: int = -1
-    steps: tuple[Step, ...] = ()
     positions: list[Position] = field(default_factory=list)
-    built_for: int = 0  # number of calls ``steps`` was built from
+    dirty_from: int = 0
+    last_by_agent: dict[str, Call] = field(default_factory=dict)  # its latest-starting call
+
+    def add(self, call: Call) -> None:
+        if call.request_id in self.calls:  # a repeated id (idempotency window long passed): rebuild
+            self.calls[call.request_id] = call
+            self.trace = IncrementalTrace(self.calls.values())
+            self.last_by_agent = {}
+            for c in self.calls.values():
+                self._note(c)
+            self.dirty_from = 0
+            return
+        self.calls[call.request_id] = call
+        self.dirty_from = min(self.dirty_from, self.trace.add(call))
+        self._note(call)
+
+    def _note(self, call: Call) -> None:
+        latest = self.last_by_agent.get(call.agent_id)
+        if latest is None or call.start > latest.start:  # first of equal starts wins, as max() did
+            self.last_by_agent[call.agent_id] = call
 
 
 @dataclass
@@ -214,7 +235,7 @@ class WorkflowProfile:
         if record.workflow_id in self._closed_ids:
             return IngestResult(IngestStatus.LATE, reset=reset)
         instance = self._open.setdefault(record.workflow_id, _Open())
-        instance.calls[record.request_id] = record.call()
+        instance.add(record.call())
         if record.prompt_blocks or record.response_blocks:
             if instance.chains is None:
                 instance.chains = ChainStore(self.config.templates)
@@ -241,7 +262,7 @@ class WorkflowProfile:
     def _close(self, workflow_id: str) -> WorkflowTrace:
         instance = self._open.pop(workflow_id)
         self._remember(self._closed_ids, workflow_id, self.config.max_closed_ids)
-        trace = build_trace(workflow_id, instance.calls.values())
+        trace = instance.trace.trace(workflow_id)
         self._learn(trace)
         if instance.chains is not None:
             self.templates.learn(instance.chains.calls())
@@ -341,21 +362,28 @@ class WorkflowProfile:
             self._derived = _Derived(summaries, ranking, time_values)
         return self._derived
 
-    def _positions(self, steps: Sequence[Step], cache: _Open | None) -> list[Position]:
-        """positions[i] = the position after the first i steps (cached per open instance)."""
+    def _positions(self, steps: Sequence[Step]) -> list[Position]:
+        """positions[i] = the position after the first i steps."""
         assert self.model is not None
-        if cache is None or cache.model_id != self._model_id:
-            start, positions = 0, [self.model.start_position()]
-        else:
-            start = 0
-            while start < min(len(steps), len(cache.steps)) and steps[start] == cache.steps[start]:
-                start += 1
-            positions = cache.positions[: start + 1]
-        for step in steps[start:]:
+        positions = [self.model.start_position()]
+        for step in steps:
             positions.append(self.model.advance(positions[-1], step))
-        if cache is not None:
-            cache.model_id, cache.steps, cache.positions = self._model_id, tuple(steps), positions
         return positions
+
+    def _open_positions(self, instance: _Open) -> list[Position]:
+        """``_positions`` of an open instance's steps, advancing only over the steps that changed
+        since the last call (``_Open.dirty_from``)."""
+        assert self.model is not None
+        steps = instance.trace.steps
+        if instance.model_id != self._model_id:
+            instance.model_id, instance.positions = self._model_id, self._positions(steps)
+        elif instance.dirty_from < len(steps) or len(instance.positions) != len(steps) + 1:
+            positions = instance.positions[: min(instance.dirty_from, len(steps)) + 1]
+            for step in steps[len(positions) - 1 :]:
+                positions.append(self.model.advance(positions[-1], step))
+            instance.positions = positions
+        instance.dirty_from = len(steps)
+        return instance.positions
 
     def _current_position(self, agent_id: str, steps: Sequence[Step], positions: list[Position]) -> Position:
         assert self.model is not None
@@ -390,9 +418,9 @@ class WorkflowProfile:
         instance = self._open.get(workflow_id) if workflow_id is not None else None
         previous_len = None
         if instance is not None:
-            own = [c for c in instance.calls.values() if c.agent_id == agent_id]
-            if own:
-                previous_len = float(max(own, key=lambda c: c.start).output_tokens)
+            latest = instance.last_by_agent.get(agent_id)
+            if latest is not None:
+                previous_len = float(latest.output_tokens)
         summary = tables.summaries.get(agent_id)
         interval = summary.length_interval(previous_len) if summary is not None else None
         p50, p99 = interval if interval is not None else (None, None)
@@ -425,17 +453,13 @@ class WorkflowProfile:
             return None
         tables = self._tables()
         instance = self._open.get(workflow_id) if workflow_id is not None else None
+        steps: Sequence[Step]
         if history is not None:
             steps = as_steps(history)
-            positions = self._positions(steps, None)
+            positions = self._positions(steps)
         elif instance is not None:
-            if instance.built_for != len(instance.calls) or instance.model_id != self._model_id:
-                built = build_trace(workflow_id or "", instance.calls.values()).steps
-                instance.built_for = len(instance.calls)
-                positions = self._positions(built, instance)
-            else:
-                positions = instance.positions
-            steps = instance.steps
+            positions = self._open_positions(instance)
+            steps = instance.trace.steps
         else:
             steps, positions = (), [self.model.start_position()]
         position = self._current_position(agent_id, steps, positions)
@@ -519,8 +543,7 @@ class WorkflowProfile:
         for w, o in state["open"].items():
             instance = _Open(last_activity=float(o["last_activity"]))
             for c in o["calls"]:
-                call = Call(**{**c, "parent_request_ids": tuple(c["parent_request_ids"])})
-                instance.calls[call.request_id] = call
+                instance.add(Call(**{**c, "parent_request_ids": tuple(c["parent_request_ids"])}))
             if o.get("chains") is not None:
                 instance.chains = ChainStore.from_state(o["chains"], profile.config.templates)
             profile._open[w] = instance

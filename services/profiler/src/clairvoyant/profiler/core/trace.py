@@ -23,6 +23,7 @@ Choices:
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -142,3 +143,56 @@ def build_trace(workflow_id: str, calls: Iterable[Call]) -> WorkflowTrace:
             steps.append(Step.of(*(c.agent_id for c in layer)))
             groups.append(tuple(layer))
     return WorkflowTrace(workflow_id, tuple(steps), tuple(groups))
+
+
+class IncrementalTrace:
+    """``build_trace`` for an instance that is still open: calls are added one at a time (in any
+    order) and only the tail of the sweep that a new call can change is recomputed.
+
+    The sweep's component boundaries before the component of the new call's predecessor (in start
+    order) depend only on the calls before it, so they stay; the sweep restarts there:
+
+        sorted calls:  [c0 c1 c2][c3 c4][c5 c6 c7]      new call x sorts after c6
+                                          ^ restart here: c5.. and x are swept again
+
+    ``steps``/``calls`` always equal ``build_trace`` of the calls added so far; ``add`` returns the
+    index of the first step that may differ from before (steps before it are unchanged)."""
+
+    def __init__(self, calls: Iterable[Call] = ()) -> None:
+        self._keys: list[tuple[float, float, str]] = []
+        self._calls: list[Call] = []
+        self._component_starts: list[int] = []  # index into _calls of each component's first call
+        self._component_steps: list[int] = []  # steps before each component
+        self.steps: list[Step] = []
+        self.groups: list[tuple[Call, ...]] = []
+        for call in calls:
+            self.add(call)
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def add(self, call: Call) -> int:
+        key = (call.start, call.end, call.request_id)
+        index = bisect.bisect_right(self._keys, key)
+        self._keys.insert(index, key)
+        self._calls.insert(index, call)
+        # the component holding the predecessor (or the first) is the first that may change
+        component = max(bisect.bisect_right(self._component_starts, index - 1) - 1, 0)
+        restart = self._component_starts[component] if self._component_starts else 0
+        first_step = self._component_steps[component] if self._component_steps else 0
+        del self._component_starts[component:]
+        del self._component_steps[component:]
+        del self.steps[first_step:]
+        del self.groups[first_step:]
+        position = restart
+        for part in _overlap_components(self._calls[restart:]):
+            self._component_starts.append(position)
+            self._component_steps.append(len(self.steps))
+            position += len(part)
+            for layer in _layers(part):
+                self.steps.append(Step.of(*(c.agent_id for c in layer)))
+                self.groups.append(tuple(layer))
+        return first_step
+
+    def trace(self, workflow_id: str) -> WorkflowTrace:
+        return WorkflowTrace(workflow_id, tuple(self.steps), tuple(self.groups))
