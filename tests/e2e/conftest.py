@@ -1,4 +1,4 @@
-"""A whole stack (NATS, scheduler, two tiny-random workers, gateway) started once per module."""
+"""A whole stack (NATS, scheduler, profiler, two tiny-random workers, gateway) started once per module."""
 
 from __future__ import annotations
 
