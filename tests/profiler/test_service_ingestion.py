@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 
 import grpc
@@ -20,7 +20,7 @@ from clairvoyant.core.bus import COMPLETIONS_STREAM, COMPLETIONS_SUBJECT
 from clairvoyant.core.clock import ManualClock
 from clairvoyant.core.natsserver import NatsServer, free_port
 from clairvoyant.profiler.config import ProfilerSettings
-from clairvoyant.profiler.persistence import ProfileRepository, ProfileSnapshot
+from clairvoyant.profiler.persistence import LogEntry, ProfileRepository, ProfileSnapshot
 from clairvoyant.profiler.service import ProfilerService
 from tests.profiler.test_service_records import EPOCH, completion_records, reference_store, small_config
 
@@ -50,19 +50,24 @@ def settings(nats_url: str, database_url: str, **overrides: object) -> ProfilerS
 
 
 class CrashingRepository(ProfileRepository):
-    """Writes ``healthy_saves`` batches, then fails every write: the process 'dies' after applying
-    records in memory but before they are stored or acked."""
+    """Logs ``healthy_appends`` batches, then fails every write (log and snapshots): the process
+    'dies' after applying records in memory but before they are logged or acked."""
 
-    def __init__(self, database_url: str, healthy_saves: int) -> None:
+    def __init__(self, database_url: str, healthy_appends: int) -> None:
         super().__init__(database_url)
-        self.healthy_saves = healthy_saves
+        self.healthy_appends = healthy_appends
         self.failed = threading.Event()
 
-    def save(self, snapshots: Iterable[ProfileSnapshot]) -> int:
-        if self.healthy_saves == 0:
+    def append(self, entries: Sequence[LogEntry]) -> None:
+        if self.healthy_appends == 0:
             self.failed.set()
             raise OSError("the database went away")
-        self.healthy_saves -= 1
+        self.healthy_appends -= 1
+        super().append(entries)
+
+    def save(self, snapshots: Iterable[ProfileSnapshot]) -> int:
+        if self.failed.is_set():
+            raise OSError("the database went away")
         return super().save(snapshots)
 
 
@@ -101,7 +106,7 @@ async def test_nothing_lost_and_nothing_counted_twice_across_a_crash_and_restart
     clock = ManualClock(EPOCH)  # the records' own time scale: no instance is idle until the test says so
 
     # Run 1: five batches are stored and acked, then every write fails; stop in that state.
-    crashing = CrashingRepository(database_url, healthy_saves=5)
+    crashing = CrashingRepository(database_url, healthy_appends=5)
     service = ProfilerService(settings(nats_url, database_url), clock=clock, repository=crashing)
     await service.start()
     await until(crashing.failed.is_set, "the write to fail")

@@ -120,7 +120,7 @@ def test_migrations_create_exactly_the_models_schema(database: str) -> None:
         revision = context.get_current_revision()
     repository.close()
     assert diff == []
-    assert revision == "0001"
+    assert revision == "0002"
 
 
 def _record(msg: common_pb2.CompletionRecord) -> CallRecord:

@@ -31,6 +31,14 @@ class ProfilerSettings(ServiceSettings):
     ack_wait_s: float = Field(60.0, gt=0, description="unacked records are redelivered after this long")
     tick_interval_s: float = Field(5.0, gt=0, description="how often idle instances are looked for")
     retry_interval_s: float = Field(1.0, gt=0, description="pause after a NATS or database failure")
+    # Persistence: every batch appends its records to a log; a profile's whole state is written
+    # (a snapshot, which prunes the log rows it covers) only this often, and on shutdown.
+    snapshot_interval_s: float = Field(
+        60.0, gt=0, description="a profile with changes not in its snapshot is snapshotted at least this often"
+    )
+    snapshot_every_records: int = Field(
+        20_000, ge=1, description="log entries of one profile that trigger its snapshot (bounds replay on start)"
+    )
     shutdown_grace_s: float = Field(5.0, ge=0, description="in-flight RPCs get this long on SIGTERM")
 
     @field_validator("database_url")

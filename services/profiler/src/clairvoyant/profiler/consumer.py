@@ -4,14 +4,16 @@ One step of the loop:
 
     fetch a batch ──> apply each record to the store (the core drops request ids it has seen)
                   ──> tick(now) when caught up (closes idle instances)
-                  ──> write every profile changed since the last good write, in ONE transaction
-                  ──> ack the batch                      (write failed: nak it, retry later)
+                  ──> append every change (record or tick) to the log, in ONE transaction
+                  ──> ack the batch                      (append failed: nak it, retry later)
+                  ──> snapshot the profiles that are due (CV_SNAPSHOT_*), pruning the log
 
-A record is acked only once the state that contains it is in the database, so a crash loses
-nothing: unacked records come back and the ones already stored come back as duplicates, which the
-persisted ``seen`` ids reject.  Idle instances are closed only when a fetch comes back short (no
-backlog), so a restart that replays a backlog does not close instances whose records are still
-queued.  A dead NATS only pauses learning: Annotate keeps answering from memory.
+A record is acked only once the log holds it, so a crash loses nothing: unacked records come back,
+and the ones already logged come back as duplicates, which the restored ``seen`` ids reject (the
+log insert skips them too).  Ticks are logged with their time, so replaying the log on start
+repeats the original run exactly.  Idle instances are closed only when a fetch comes back short
+(no backlog), so a restart that replays a backlog does not close instances whose records are
+still queued.  A dead NATS only pauses learning: Annotate keeps answering from memory.
 """
 
 from __future__ import annotations
@@ -34,12 +36,10 @@ from clairvoyant.core.clock import Clock
 from clairvoyant.profiler import convert
 from clairvoyant.profiler import metrics as m
 from clairvoyant.profiler.config import ProfilerSettings
-from clairvoyant.profiler.core import IngestStatus, ProfileStore
-from clairvoyant.profiler.persistence import ProfileRepository, ProfileSnapshot
+from clairvoyant.profiler.core import CallRecord, IngestStatus, ProfileStore
+from clairvoyant.profiler.persistence import Key, LogEntry, ProfileRepository, ProfileSnapshot, Restored
 
 logger = logging.getLogger(__name__)
-
-Key = tuple[str, str]  # (tenant, workflow_type_id)
 
 NO_WORKFLOW = "no_workflow"
 UNDECODABLE = "undecodable"
@@ -54,14 +54,31 @@ class WallClock:
 
 
 class Learner:
-    """Applies records to the store and remembers which profiles changed since the last write.
+    """Applies records to the store and numbers every change for the log; knows which profiles
+    have changes their snapshot lacks.
 
-    Not thread-safe: one task calls ``apply``/``tick``/``snapshots`` and waits for the write of the
-    snapshots before it applies more (Annotate only reads)."""
+    Not thread-safe: one task calls everything, and does not apply more while a write of what it
+    took is in flight (Annotate only reads)."""
 
-    def __init__(self, store: ProfileStore) -> None:
+    def __init__(self, store: ProfileStore, next_seq: int = 1) -> None:
         self.store = store
-        self.dirty: set[Key] = set()
+        self.next_seq = next_seq
+        self.pending: list[LogEntry] = []  # applied in memory, not in the log yet
+        self.last_seq: dict[Key, int] = {}  # per profile: its last change
+        self.unsnapshotted: dict[Key, int] = {}  # per profile: changes its snapshot lacks
+        self.snapshot_at: dict[Key, float] = {}  # per profile: its last snapshot (or restore)
+
+    def adopt(self, restored: Restored, now: float) -> None:
+        """Take over what ``ProfileRepository.restore`` rebuilt, before anything is applied."""
+        for item in restored.profiles:
+            key = (item.profile.tenant, item.profile.workflow_type_id)
+            self.store.profiles[key] = item.profile
+            self.last_seq[key] = item.last_seq
+            if item.replayed:
+                self.unsnapshotted[key] = item.replayed
+            self.snapshot_at[key] = now
+        self.next_seq = max(self.next_seq, restored.next_seq)
+        m.UNSNAPSHOTTED.set(sum(self.unsnapshotted.values()))
 
     def apply(self, data: bytes) -> str:
         """Ingest one serialized CompletionRecord; returns its outcome (a metrics label)."""
@@ -74,9 +91,10 @@ class Learner:
             if keyed is None:
                 outcome = NO_WORKFLOW
             else:
+                key = (keyed.tenant, keyed.workflow_type_id)
                 result = self.store.ingest(keyed.tenant, keyed.workflow_type_id, keyed.record)
                 if result.status not in _UNCHANGED or result.reset:
-                    self.dirty.add((keyed.tenant, keyed.workflow_type_id))
+                    self._log(key, keyed.record)
                 if result.closed:
                     m.INSTANCES_CLOSED.labels("end").inc(len(result.closed))
                 outcome = result.status.value
@@ -84,19 +102,53 @@ class Learner:
         return outcome
 
     def tick(self, now: float) -> int:
-        """Close idle instances; returns how many closed."""
+        """Close idle instances; returns how many closed.  Logged for the profiles it changed."""
         closed = 0
         for key, profile in self.store.profiles.items():
             traces = profile.tick(now)
             if traces:
                 closed += len(traces)
-                self.dirty.add(key)
+                self._log(key, None, now)
         if closed:
             m.INSTANCES_CLOSED.labels("idle").inc(closed)
         return closed
 
-    def snapshots(self) -> list[ProfileSnapshot]:
-        return [ProfileSnapshot.of(self.store.profiles[key]) for key in sorted(self.dirty)]
+    def _log(self, key: Key, record: CallRecord | None, tick_at: float = 0.0) -> None:
+        seq = self.next_seq
+        self.next_seq += 1
+        self.pending.append(LogEntry(seq, key[0], key[1], record, tick_at))
+        self.last_seq[key] = seq
+        self.unsnapshotted[key] = self.unsnapshotted.get(key, 0) + 1
+
+    def logged(self, count: int) -> None:
+        """The first ``count`` pending entries are in the log now."""
+        del self.pending[:count]
+
+    def due(self, now: float, every_records: int, interval_s: float) -> list[Key]:
+        """Profiles to snapshot: ``every_records`` changes behind, or any change ``interval_s`` old."""
+        keys = []
+        for key, count in self.unsnapshotted.items():
+            since = self.snapshot_at.setdefault(key, now)  # a new profile: timed from its first change
+            if count >= every_records or (count > 0 and now - since >= interval_s):
+                keys.append(key)
+        return sorted(keys)
+
+    def changed(self) -> list[Key]:
+        """Every profile with changes its snapshot lacks (what a graceful stop snapshots)."""
+        return sorted(k for k, count in self.unsnapshotted.items() if count > 0)
+
+    def snapshots(self, keys: Sequence[Key]) -> list[ProfileSnapshot]:
+        """Snapshots of ``keys``, each covering the profile's last change.  Only once ``pending`` is
+        logged: a snapshot must not cover entries the log could still lose."""
+        assert not self.pending, "snapshot only what the log holds"
+        return [ProfileSnapshot.of(self.store.profiles[k], self.last_seq[k]) for k in keys]
+
+    def snapshotted(self, snapshots: Sequence[ProfileSnapshot], now: float) -> None:
+        for snap in snapshots:
+            key = (snap.tenant, snap.workflow_type_id)
+            self.unsnapshotted[key] = 0
+            self.snapshot_at[key] = now
+        m.UNSNAPSHOTTED.set(sum(self.unsnapshotted.values()))
 
 
 class CompletionConsumer:
@@ -162,20 +214,42 @@ class CompletionConsumer:
             await self._pause()
         return len(msgs)
 
-    async def persist(self) -> bool:
-        """Write every profile changed since the last good write; False when the write failed."""
-        if not self.learner.dirty:
-            return True
-        snapshots = self.learner.snapshots()  # on the loop: the store is only changed on the loop
+    async def persist(self, *, final: bool = False) -> bool:
+        """Append the pending changes to the log; False when that failed.  Then snapshot the
+        profiles that are due (``final``: every profile with changes, as on a graceful stop); a
+        failed snapshot is retried later and loses nothing, since the log holds its changes."""
+        now = self.clock.now()
+        entries = list(self.learner.pending)  # taken on the loop: the store is only changed on the loop
+        if entries:
+            started = time.perf_counter()
+            try:
+                await asyncio.to_thread(self.repository.append, entries)
+            except Exception:
+                m.PERSIST_FAILURES.inc()
+                logger.exception("logging %d change(s) failed; their records stay unacked", len(entries))
+                return False
+            m.PERSIST_SECONDS.observe(time.perf_counter() - started)
+            self.learner.logged(len(entries))
+        keys = self.learner.changed() if final else self.learner.due(
+            now, self.settings.snapshot_every_records, self.settings.snapshot_interval_s
+        )
+        if keys:
+            await self.snapshot(keys, now)
+        else:
+            m.UNSNAPSHOTTED.set(sum(self.learner.unsnapshotted.values()))
+        return True
+
+    async def snapshot(self, keys: Sequence[Key], now: float) -> bool:
+        snapshots = self.learner.snapshots(keys)
         started = time.perf_counter()
         try:
             await asyncio.to_thread(self.repository.save, snapshots)
         except Exception:
-            m.PERSIST_FAILURES.inc()
-            logger.exception("writing %d profile(s) failed; their records stay unacked", len(snapshots))
+            m.SNAPSHOT_FAILURES.inc()
+            logger.exception("snapshotting %d profile(s) failed; the log keeps their changes", len(snapshots))
             return False
-        m.PERSIST_SECONDS.observe(time.perf_counter() - started)
-        self.learner.dirty.clear()
+        m.SNAPSHOT_SECONDS.observe(time.perf_counter() - started)
+        self.learner.snapshotted(snapshots, now)
         return True
 
     async def _subscribe(self) -> JetStreamContext.PullSubscription | None:

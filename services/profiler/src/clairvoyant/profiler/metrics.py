@@ -18,10 +18,20 @@ ANNOTATE_SECONDS = Histogram(
     "cv_profiler_annotate_seconds", "Time to answer one Annotate call", buckets=LATENCY_BUCKETS
 )
 PERSIST_SECONDS = Histogram(
-    "cv_profiler_persist_seconds", "One batch's profiles written in one transaction", buckets=LATENCY_BUCKETS
+    "cv_profiler_persist_seconds", "One batch's log entries appended in one transaction", buckets=LATENCY_BUCKETS
 )
 PERSIST_FAILURES = Counter(
-    "cv_profiler_persist_failures_total", "Batches whose write failed (left unacked, redelivered later)"
+    "cv_profiler_persist_failures_total", "Batches whose log append failed (left unacked, redelivered later)"
+)
+SNAPSHOT_SECONDS = Histogram(
+    "cv_profiler_snapshot_seconds", "Profile snapshots written (and the log pruned) in one transaction",
+    buckets=LATENCY_BUCKETS,
+)
+SNAPSHOT_FAILURES = Counter(
+    "cv_profiler_snapshot_failures_total", "Snapshot writes that failed (the log still holds the changes)"
+)
+UNSNAPSHOTTED = Gauge(
+    "cv_profiler_unsnapshotted_entries", "Log entries no snapshot covers yet: what a restart would replay"
 )
 CONSUMER_CONNECTED = Gauge(
     "cv_profiler_consumer_connected", "1 while the JetStream consumer of cv.requests.completed is bound"

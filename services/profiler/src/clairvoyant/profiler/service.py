@@ -12,7 +12,7 @@ from clairvoyant.core.clock import Clock
 from clairvoyant.core.grpcutil import add_health, mark_serving, new_server
 from clairvoyant.profiler import metrics as m
 from clairvoyant.profiler.config import ProfilerSettings
-from clairvoyant.profiler.consumer import CompletionConsumer, Learner
+from clairvoyant.profiler.consumer import CompletionConsumer, Learner, WallClock
 from clairvoyant.profiler.core import ProfileStore
 from clairvoyant.profiler.grpc_api import ProfilerServicer
 from clairvoyant.profiler.persistence import ProfileRepository
@@ -60,10 +60,15 @@ class ProfilerService:
 
     async def start(self) -> None:
         if self.repository is None:
-            self.repository = await asyncio.to_thread(ProfileRepository, self.settings.database_url)
-        restored = await asyncio.to_thread(self.repository.load_all)
-        for profile in restored:
-            self.store.profiles[(profile.tenant, profile.workflow_type_id)] = profile
+            self.repository = await asyncio.to_thread(
+                ProfileRepository, self.settings.database_url, config=self.store.config
+            )
+        # Each profile: its latest snapshot, then the log entries after it, re-applied in order.
+        restored = await asyncio.to_thread(self.repository.restore)
+        learner = Learner(self.store)
+        learner.adopt(restored, (self.clock or WallClock()).now())
+        for item in restored.profiles:
+            profile = item.profile
             if profile.config != self.store.config:
                 # The state carries its own config (window sizes shape the stored deques).
                 logger.warning(
@@ -71,10 +76,11 @@ class ProfilerService:
                     "apply to new profiles only", profile.tenant, profile.workflow_type_id,
                 )
         m.PROFILES.set(len(self.store.profiles))
-        logger.info("restored %d profile(s) from the database", len(restored))
-        self.consumer = CompletionConsumer(
-            self.bus, Learner(self.store), self.repository, self.settings, self.clock
+        logger.info(
+            "restored %d profile(s) from the database, replaying %d log entries",
+            len(restored.profiles), sum(item.replayed for item in restored.profiles),
         )
+        self.consumer = CompletionConsumer(self.bus, learner, self.repository, self.settings, self.clock)
         self.port = self.server.add_insecure_port(f"{self.settings.host}:{self.settings.profiler_port}")
         await self.server.start()
         # In the background: with a dead server, the first connect keeps retrying; the consumer
@@ -104,7 +110,9 @@ class ProfilerService:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         if self.consumer is not None:
-            await self.consumer.persist()  # e.g. instances a last tick closed; redelivery is harmless
+            # Log what a last tick changed, and snapshot every changed profile: a restart then
+            # replays nothing.  Records a failed write left unacked come back as duplicates.
+            await self.consumer.persist(final=True)
             await self.consumer.close()
         await self.server.stop(self.settings.shutdown_grace_s)
         await self.bus.close()
