@@ -18,6 +18,7 @@ from clairvoyant.bench import (  # noqa: F401
     gateway_breakdown,
     gateway_overhead,
     prefix_ttft,
+    profiler_ingest,
     sim_speed,
     sweep,
 )

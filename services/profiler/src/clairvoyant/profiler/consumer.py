@@ -67,6 +67,7 @@ class Learner:
         self.last_seq: dict[Key, int] = {}  # per profile: its last change
         self.unsnapshotted: dict[Key, int] = {}  # per profile: changes its snapshot lacks
         self.snapshot_at: dict[Key, float] = {}  # per profile: its last snapshot (or restore)
+        self._taken: dict[Key, int] = {}  # per profile: unsnapshotted when its snapshot in flight was taken
 
     def adopt(self, restored: Restored, now: float) -> None:
         """Take over what ``ProfileRepository.restore`` rebuilt, before anything is applied."""
@@ -138,15 +139,17 @@ class Learner:
         return sorted(k for k, count in self.unsnapshotted.items() if count > 0)
 
     def snapshots(self, keys: Sequence[Key]) -> list[ProfileSnapshot]:
-        """Snapshots of ``keys``, each covering the profile's last change.  Only once ``pending`` is
-        logged: a snapshot must not cover entries the log could still lose."""
-        assert not self.pending, "snapshot only what the log holds"
+        """Snapshots of ``keys``, each covering the profile's last change: write them only after
+        every pending entry is logged, or a snapshot could cover entries the log lost."""
+        for key in keys:
+            self._taken[key] = self.unsnapshotted.get(key, 0)
         return [ProfileSnapshot.of(self.store.profiles[k], self.last_seq[k]) for k in keys]
 
     def snapshotted(self, snapshots: Sequence[ProfileSnapshot], now: float) -> None:
+        """``snapshots`` are written; changes applied since they were taken still count."""
         for snap in snapshots:
             key = (snap.tenant, snap.workflow_type_id)
-            self.unsnapshotted[key] = 0
+            self.unsnapshotted[key] -= self._taken.pop(key)
             self.snapshot_at[key] = now
         m.UNSNAPSHOTTED.set(sum(self.unsnapshotted.values()))
 
@@ -170,28 +173,39 @@ class CompletionConsumer:
         self._subscription: JetStreamContext.PullSubscription | None = None
         self._stopping = asyncio.Event()
         self._last_tick = float("-inf")
+        self._writing: asyncio.Task[bool] | None = None  # the previous batch's write, at most one
+        self._prefetch: asyncio.Task[list[Msg]] | None = None  # the next batch, fetched meanwhile
 
     async def run(self) -> None:
-        """Until ``stop``: a step at a time; a failed step is logged and retried after a pause."""
+        """Until ``stop``: a step at a time; a failed step is logged and retried after a pause.
+        Returns once the last write has settled its batch."""
         while not self._stopping.is_set():
             try:
                 await self.step()
             except Exception:
                 logger.exception("profiler consumer step failed")
                 await self._pause()
+        await self._written()
+        await self._return_prefetched()
 
     def stop(self) -> None:
         """Finish the current step (its batch is acked or nakked), then return from ``run``."""
         self._stopping.set()
 
     async def step(self) -> int:
-        """Fetch, apply, tick, write, ack.  Returns the number of records fetched."""
+        """Fetch, apply and tick; then wait for the previous batch's write and start this one's,
+        which acks it.  Returns the number of records fetched.
+
+            loop:   apply k | wait write k-1, fetch k+1 | apply k+1 | wait write k, fetch k+2 | ...
+            thread:           write k-1 ───────────────┘           write k ─────────────┘
+        """
         subscription = await self._subscribe()
         if subscription is None:
             await self._pause()
             return 0
+        fetching, self._prefetch = self._prefetch, None
         try:
-            msgs = await subscription.fetch(self.settings.batch_size, timeout=self.settings.fetch_timeout_s)
+            msgs = await (fetching or self._fetch(subscription))
         except TimeoutError:  # nats' own and asyncio's (a pull request that timed out)
             msgs = []  # nothing new within fetch_timeout_s
         except (nats.errors.Error, OSError) as exc:
@@ -199,6 +213,9 @@ class CompletionConsumer:
             self._unbind()
             await self._pause()
             return 0
+        if len(msgs) == self.settings.batch_size and not self._stopping.is_set():
+            # A backlog: the next batch arrives while this one is applied and written.
+            self._prefetch = asyncio.create_task(self._fetch(subscription), name="profiler-fetch")
         for msg in msgs:
             self.learner.apply(msg.data)
         now = self.clock.now()
@@ -207,19 +224,58 @@ class CompletionConsumer:
             self._last_tick = now
             self.learner.tick(now)
         m.PROFILES.set(len(self.learner.store.profiles))
-        if await self.persist():
-            await _settle(msgs, ack=True)
-        else:
-            await _settle(msgs, ack=False, delay=self.settings.retry_interval_s)
+        if not await self._written():
             await self._pause()
+        self._start_write(msgs, now)
         return len(msgs)
 
+    async def _fetch(self, subscription: JetStreamContext.PullSubscription) -> list[Msg]:
+        return await subscription.fetch(self.settings.batch_size, timeout=self.settings.fetch_timeout_s)
+
+    async def _return_prefetched(self) -> None:
+        """Nak what a prefetch brought after ``stop``: redelivered soon, not after ack_wait, and
+        with the delay of the naks before it, so after them: the records' order is kept."""
+        fetching, self._prefetch = self._prefetch, None
+        if fetching is None:
+            return
+        try:
+            msgs = await fetching
+        except (TimeoutError, nats.errors.Error, OSError):
+            return
+        await _settle(msgs, ack=False, delay=self.settings.retry_interval_s)
+
     async def persist(self, *, final: bool = False) -> bool:
-        """Append the pending changes to the log; False when that failed.  Then snapshot the
-        profiles that are due (``final``: every profile with changes, as on a graceful stop); a
-        failed snapshot is retried later and loses nothing, since the log holds its changes."""
-        now = self.clock.now()
-        entries = list(self.learner.pending)  # taken on the loop: the store is only changed on the loop
+        """Log every pending change and snapshot the profiles that are due (``final``: every
+        profile with changes, as on a graceful stop), now.  False when the log append failed."""
+        await self._written()
+        self._start_write([], self.clock.now(), final=final)
+        return await self._written()
+
+    def _start_write(self, msgs: Sequence[Msg], now: float, *, final: bool = False) -> None:
+        """Take what to write on the loop (the store is only changed on the loop) and write it in
+        a task: the pending entries, then ack ``msgs``, then the snapshots that are due."""
+        assert self._writing is None, "one write at a time: the log stays in sequence order"
+        entries = list(self.learner.pending)
+        keys = self.learner.changed() if final else self.learner.due(
+            now, self.settings.snapshot_every_records, self.settings.snapshot_interval_s
+        )
+        if msgs or entries or keys:
+            snapshots = self.learner.snapshots(keys)
+            self._writing = asyncio.create_task(self._write(msgs, entries, snapshots, now), name="profiler-write")
+
+    async def _written(self) -> bool:
+        """Wait for the write in flight, if any; False when its log append failed."""
+        if self._writing is None:
+            return True
+        try:
+            return await asyncio.shield(self._writing)
+        finally:
+            if self._writing.done():
+                self._writing = None
+
+    async def _write(
+        self, msgs: Sequence[Msg], entries: list[LogEntry], snapshots: list[ProfileSnapshot], now: float
+    ) -> bool:
         if entries:
             started = time.perf_counter()
             try:
@@ -227,29 +283,22 @@ class CompletionConsumer:
             except Exception:
                 m.PERSIST_FAILURES.inc()
                 logger.exception("logging %d change(s) failed; their records stay unacked", len(entries))
+                await _settle(msgs, ack=False, delay=self.settings.retry_interval_s)
                 return False
             m.PERSIST_SECONDS.observe(time.perf_counter() - started)
             self.learner.logged(len(entries))
-        keys = self.learner.changed() if final else self.learner.due(
-            now, self.settings.snapshot_every_records, self.settings.snapshot_interval_s
-        )
-        if keys:
-            await self.snapshot(keys, now)
-        else:
-            m.UNSNAPSHOTTED.set(sum(self.learner.unsnapshotted.values()))
-        return True
-
-    async def snapshot(self, keys: Sequence[Key], now: float) -> bool:
-        snapshots = self.learner.snapshots(keys)
-        started = time.perf_counter()
-        try:
-            await asyncio.to_thread(self.repository.save, snapshots)
-        except Exception:
-            m.SNAPSHOT_FAILURES.inc()
-            logger.exception("snapshotting %d profile(s) failed; the log keeps their changes", len(snapshots))
-            return False
-        m.SNAPSHOT_SECONDS.observe(time.perf_counter() - started)
-        self.learner.snapshotted(snapshots, now)
+        await _settle(msgs, ack=True)
+        if snapshots:
+            started = time.perf_counter()
+            try:
+                await asyncio.to_thread(self.repository.save, snapshots)
+            except Exception:
+                m.SNAPSHOT_FAILURES.inc()
+                logger.exception("snapshotting %d profile(s) failed; the log keeps their changes", len(snapshots))
+            else:
+                m.SNAPSHOT_SECONDS.observe(time.perf_counter() - started)
+                self.learner.snapshotted(snapshots, now)
+        m.UNSNAPSHOTTED.set(sum(self.learner.unsnapshotted.values()))
         return True
 
     async def _subscribe(self) -> JetStreamContext.PullSubscription | None:
@@ -280,6 +329,9 @@ class CompletionConsumer:
 
     def _unbind(self) -> None:
         self._subscription = None
+        if self._prefetch is not None:
+            self._prefetch.cancel()  # its pull request is void; what it held is redelivered
+            self._prefetch = None
         m.CONSUMER_CONNECTED.set(0)
 
     async def _pause(self) -> None:
