@@ -94,7 +94,7 @@ def records_for(count: int, *, seed: int, first: int = 0) -> list[common_pb2.Com
 def pure_rate(records: list[common_pb2.CompletionRecord], start: WorkflowProfile | None) -> tuple[float, Any]:
     """The core alone: records/s of ProfileStore.ingest from ``start``'s state, and the final state."""
     keyed = [convert.call_record(m) for m in records]
-    store = ProfileStore(ProfilerSettings().profile_config())  # the service's model settings
+    store = ProfileStore(ProfilerSettings.model_validate({}).profile_config())  # the service's model settings
     if start is not None:
         store.profiles[(TENANT, WORKFLOW_TYPE)] = WorkflowProfile.from_state(start.to_state())
     began = time.perf_counter()
@@ -145,11 +145,11 @@ async def service_run(
         payloads = [m.SerializeToString() for m in records]
         for i in range(0, len(payloads), 1000):  # publish acks in flight, a thousand at a time
             await asyncio.gather(*(js.publish(COMPLETIONS_SUBJECT, p) for p in payloads[i : i + 1000]))
-        settings = ProfilerSettings(
-            nats_url=server.url, database_url=database_url, profiler_port=0, metrics_port=0,
-            batch_size=batch_size, fetch_timeout_s=0.2, snapshot_interval_s=args.snapshot_interval,
-            snapshot_every_records=args.snapshot_every,
-        )  # fmt: skip
+        settings = ProfilerSettings.model_validate({
+            "nats_url": server.url, "database_url": database_url, "profiler_port": 0, "metrics_port": 0,
+            "batch_size": batch_size, "fetch_timeout_s": 0.2, "snapshot_interval_s": args.snapshot_interval,
+            "snapshot_every_records": args.snapshot_every,
+        })  # fmt: skip
         # The records' own time scale, standing still: no instance goes idle during the run.
         service = ProfilerService(settings, clock=ManualClock(EPOCH))
         began = time.perf_counter()
@@ -204,7 +204,7 @@ class ProfilerIngest:
         # The timed records continue the history's workflow ids, so none is a duplicate of it.
         timed = records_for(count, seed=args.seed, first=history_ids)
         progress(f"{len(timed):,} records to time; building a {len(history_records):,}-id history")
-        history = ProfileStore(ProfilerSettings().profile_config()).profile(TENANT, WORKFLOW_TYPE)
+        history = ProfileStore(ProfilerSettings.model_validate({}).profile_config()).profile(TENANT, WORKFLOW_TYPE)
         for msg in history_records:
             keyed = convert.call_record(msg)
             assert keyed is not None
