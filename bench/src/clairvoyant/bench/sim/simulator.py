@@ -14,6 +14,11 @@ the whole run instead of one per step.  A call dispatched to the replica meanwhi
 the end of the step in flight, exactly where step-by-step it would join the batch; and before
 every dispatch the scheduler gets the KV usage the replica would have reported at its last step
 boundary.  Results equal the step-by-step ones (a test runs both), at a fraction of the work.
+
+Program-level policies learn what a live scheduler would: each completion carries the call's model
+execution time (the steps it was in a batch), a workflow's end closes its process-table entry, and
+a preset with an engine-side rule (Autellix's K queues) gets one rule per replica, sharing the
+scheduler's process table.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ class _Run:
     def __init__(self, plan: DecodeRun, start: float) -> None:
         self.plan = plan
         # Sequential sums, as one event per step would add them: bit-identical boundaries.
+        self.start = start
         self.ends: list[float] = np.cumsum([start, *plan.step_seconds])[1:].tolist()
         self.commit_steps = plan.num_steps  # lowered when a new call cuts the run
         self.reported_steps = 0  # step boundaries whose KV usage the scheduler has seen
@@ -98,14 +104,19 @@ class Simulator:
         seed: int = 0,
         service_times: Mapping[str, ServiceTime] | None = None,
         fast_forward: bool = True,
+        scheduler: GlobalScheduler | None = None,
     ) -> None:
         """``service_times``: each model's batch-1 service time, for the lower bound (none: 0).
-        ``fast_forward``: take decode runs in one event (the results are the same)."""
+        ``fast_forward``: take decode runs in one event (the results are the same).
+        ``scheduler``: a scheduler built by the caller (policies with non-default parameters)
+        instead of ``preset``'s; it must have no workers yet."""
         self.service_times = dict(service_times or {})
         self.fast_forward = fast_forward
         self.events = EventQueue()
         self.replicas = {spec.worker_id: _Replica(spec, lambda: self.events.now) for spec in replicas}
-        self.scheduler = GlobalScheduler.from_preset(preset, max_queue_per_model=1_000_000)
+        self.scheduler = scheduler or GlobalScheduler.from_preset(preset, max_queue_per_model=1_000_000)
+        for replica in self.replicas.values():
+            replica.engine.scheduler.rule = self.scheduler.engine_rule()
         self.prompts = PromptBook(seed)
         self.records = RunRecords()
         self._calls: dict[str, CallRecord] = {}
@@ -113,6 +124,7 @@ class Simulator:
         self._workflows: dict[str, WorkflowRecord] = {}
         self._waiting_on: dict[str, int] = {}  # call id -> unfinished dependencies
         self._outputs: dict[str, list[int]] = {}
+        self._service: dict[str, float] = {}  # call id -> seconds it spent in a batch so far
         self._children: dict[str, dict[str, tuple[str, ...]]] = {}  # workflow -> call -> dependents
         self._remaining: dict[str, int] = {}  # workflow -> calls not finished
         self._latest: dict[str, float] = {}  # workflow -> latest call end (tool included)
@@ -187,7 +199,9 @@ class Simulator:
             call.call_id, program.workflow_id, program.workflow_type, call.agent_id, call.model,
             call.prompt_tokens, call.output_tokens, now, call.tool_latency_s,
         )  # fmt: skip
-        meta = AppMetadata(program.workflow_type, program.workflow_id, call.agent_id)
+        meta = AppMetadata(
+            program.workflow_type, program.workflow_id, call.agent_id, parent_request_ids=call.dependencies
+        )
         request = QueuedRequest(
             request_id=call.call_id, tenant=TENANT, model=call.model, arrival_time=now,
             prompt_tokens=call.prompt_tokens, max_tokens=call.output_tokens, app_metadata=meta,
@@ -273,6 +287,8 @@ class Simulator:
             if record.start_time is None:
                 record.start_time = start
         duration = replica.runner.last_step_seconds
+        for seq, _ in replica.engine.last_schedule.chunks:
+            self._service[seq.request_id] = self._service.get(seq.request_id, 0.0) + duration
         self.events.at(start + duration, Phase.STEP_DONE, lambda: self._step_done(replica, outputs))
 
     def _step_done(self, replica: _Replica, outputs: list[RequestOutput]) -> None:
@@ -296,6 +312,9 @@ class Simulator:
         if replica.run is not run or run.commit_steps != steps:
             return  # the run was cut: a later (earlier-ending) event commits it
         replica.run = None
+        elapsed = run.ends[steps - 1] - run.start
+        for seq in run.plan.seqs:
+            self._service[seq.request_id] = self._service.get(seq.request_id, 0.0) + elapsed
         self._step_done(replica, replica.engine.advance_decode(run.plan, steps))
 
     def _cut(self, replica: _Replica, run: _Run, now: float) -> None:
@@ -321,7 +340,8 @@ class Simulator:
         record = self._calls[out.request_id]
         record.end_time, record.cached_tokens = now, out.cached_tokens
         record.generated_tokens = out.completion_tokens
-        self.scheduler.complete(out.request_id)
+        service = self._service.pop(out.request_id, 0.0)
+        self.scheduler.complete(out.request_id, now=now, service_s=service, output_tokens=out.completion_tokens)
         self.prompts.record_response(out.request_id, self._outputs.pop(out.request_id))
         self._release_dependents(self._programs[record.workflow_id], record, now + record.tool_latency_s)
 
@@ -344,4 +364,5 @@ class Simulator:
                 following = self._backlog.pop()
                 self.events.at(end + self._think_time_s, Phase.READY, lambda: self._arrive(following))
             self.prompts.forget([c.call_id for c in program.calls])
+            self.scheduler.end_workflow(TENANT, workflow_id)
             del self._children[workflow_id], self._remaining[workflow_id]

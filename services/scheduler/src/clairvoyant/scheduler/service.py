@@ -16,7 +16,7 @@ from nats.aio.msg import Msg
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from clairvoyant.contracts.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2
+from clairvoyant.contracts.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc, worker_pb2
 from clairvoyant.core.clock import Clock
 from clairvoyant.core.errors import ClairvoyantError, InvalidRequest, NoWorkers, QueueFull, Unavailable
 from clairvoyant.core.grpcutil import abort
@@ -76,7 +76,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def Complete(
         self, request: scheduler_pb2.CompleteRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.CompleteResponse:
-        released = self.core.complete(request.request_id, request.worker_id or None)
+        # A served call teaches the process table its service (here: dispatch to completion, the
+        # RPC carries no engine time); a cancelled or failed one only leaves it.
+        served = request.status in (common_pb2.REQUEST_STATUS_OK, common_pb2.REQUEST_STATUS_UNSPECIFIED)
+        now = self.clock.now() if served else None
+        released = self.core.complete(request.request_id, request.worker_id or None, now=now)
         if released:
             self._dispatch()
         return scheduler_pb2.CompleteResponse(released=released)

@@ -3,18 +3,25 @@
 The simulator imports this package directly.  Importing it registers every built-in policy.
 """
 
+from clairvoyant.scheduler.core.autellix import KQueueConfig, KQueuePriority, KQueueRule
 from clairvoyant.scheduler.core.global_queue import GlobalScheduler
 from clairvoyant.scheduler.core.policies import (
     PRESETS,
     PRIORITY_POLICIES,
     ROUTING_POLICIES,
+    EngineQueued,
+    EngineRanked,
+    LocalRule,
     PriorityPolicy,
+    ProgramAware,
     RoutingPolicy,
     SchedulerPreset,
     build_policies,
     eligible_workers,
 )
+from clairvoyant.scheduler.core.process_table import ProcessTable, Program, ProgramKey
 from clairvoyant.scheduler.core.types import (
+    Completion,
     Decision,
     ExpiredWorker,
     QueuedRequest,
@@ -28,10 +35,21 @@ __all__ = [
     "PRESETS",
     "PRIORITY_POLICIES",
     "ROUTING_POLICIES",
+    "Completion",
     "Decision",
+    "EngineQueued",
+    "EngineRanked",
     "ExpiredWorker",
     "GlobalScheduler",
+    "KQueueConfig",
+    "KQueuePriority",
+    "KQueueRule",
+    "LocalRule",
     "PriorityPolicy",
+    "ProcessTable",
+    "Program",
+    "ProgramAware",
+    "ProgramKey",
     "QueueState",
     "QueuedRequest",
     "RoutingPolicy",

@@ -8,22 +8,34 @@ calls it from its event loop only.
                   │ cancel                     │ worker silent for factor × interval
                   v                            v
                (gone)               expire_workers: placements failed, orphaned queue rejected
+
+Alongside, the process table (process_table.py) follows each program (tenant, workflow_id):
+submit opens its entry and records the call, a completion reported with its time adds the call's
+service, and an idle or ended program is dropped.  Policies that implement the optional hooks of
+policies.py read it, queue at the engines, or hand the engines a rule of their own.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import math
+from typing import Any, NamedTuple
 
 from clairvoyant.contracts.v1 import worker_pb2
 from clairvoyant.core.errors import InvalidRequest, NoWorkers, QueueFull
 from clairvoyant.scheduler.core.policies import (
+    EngineQueued,
+    EngineRanked,
+    LocalRule,
     PriorityPolicy,
+    ProgramAware,
     RoutingPolicy,
     build_policies,
     eligible_workers,
 )
+from clairvoyant.scheduler.core.process_table import ProcessTable, ProgramKey
 from clairvoyant.scheduler.core.types import (
+    Completion,
     Decision,
     ExpiredWorker,
     QueuedRequest,
@@ -32,6 +44,12 @@ from clairvoyant.scheduler.core.types import (
     WorkerReport,
     WorkerView,
 )
+
+
+class _Placement(NamedTuple):
+    worker_id: str
+    request: QueuedRequest
+    dispatch_time: float
 
 
 class GlobalScheduler:
@@ -45,7 +63,10 @@ class GlobalScheduler:
         queue_retry_after_s: float = 1.0,
         heartbeat_timeout_factor: float = 3.0,
         default_heartbeat_interval_s: float = 1.0,
+        program_idle_ttl_s: float = 600.0,
     ) -> None:
+        """``program_idle_ttl_s``: a program with no call in flight leaves the process table after
+        this long without an arrival or completion (or at once when a call says workflow_end)."""
         if max_queue_per_model < 1:
             raise ValueError("max_queue_per_model must be at least 1")
         self.priority_policy = priority
@@ -60,7 +81,14 @@ class GlobalScheduler:
         self._workers: dict[str, WorkerView] = {}
         self._reported_draining: dict[str, bool] = {}
         self._operator_drained: set[str] = set()  # survives a worker's expiry and return
-        self._placements: dict[str, tuple[str, QueuedRequest]] = {}  # request id -> (worker id, request)
+        self._placements: dict[str, _Placement] = {}  # request id -> placement
+        self.programs = ProcessTable(program_idle_ttl_s)
+        for policy in (priority, routing):
+            if isinstance(policy, ProgramAware):
+                policy.bind_programs(self.programs)
+        self.engine_queue_factor = routing.engine_queue_factor() if isinstance(routing, EngineQueued) else 1.0
+        if self.engine_queue_factor < 1:
+            raise ValueError("engine_queue_factor must be at least 1")
 
     @classmethod
     def from_preset(cls, preset: str, **options: Any) -> GlobalScheduler:
@@ -90,26 +118,61 @@ class GlobalScheduler:
             )
         self.complete(request.request_id)
         queue[request.request_id] = request
+        self.programs.on_submit(request, now)
 
     def cancel(self, request_id: str) -> bool:
         """Remove a request that is still waiting (its caller went away).  False if not queued."""
         queue = next((q for q in self._queues.values() if request_id in q), None)
         if queue is None:
             return False
-        del queue[request_id]
+        self.programs.on_cancel(queue.pop(request_id))
         return True
 
-    def complete(self, request_id: str, worker_id: str | None = None) -> bool:
+    def complete(
+        self,
+        request_id: str,
+        worker_id: str | None = None,
+        *,
+        now: float | None = None,
+        service_s: float | None = None,
+        output_tokens: int = 0,
+    ) -> bool:
         """Release a placement.  Idempotent: False when unknown or already released, or when
-        ``worker_id`` is given and the placement is on another worker (a stale completion)."""
+        ``worker_id`` is given and the placement is on another worker (a stale completion).
+
+        With ``now`` the call counts as served: its program's entry in the process table learns
+        its service, ``service_s`` (the model execution time) or, when the caller cannot measure
+        it, now - dispatch time.  Without ``now`` (an abandoned or re-submitted placement) the
+        call leaves its program's active calls and adds nothing.
+        """
         held = self._placements.get(request_id)
-        if held is None or (worker_id and held[0] != worker_id):
+        if held is None or (worker_id and held.worker_id != worker_id):
             return False
         del self._placements[request_id]
-        worker = self._workers.get(held[0])
+        worker = self._workers.get(held.worker_id)
         if worker is not None:
             self._workers[worker.worker_id] = dataclasses.replace(worker, placed=worker.placed - 1)
+        if now is None:
+            self.programs.on_cancel(held.request)
+        else:
+            service = now - held.dispatch_time if service_s is None else service_s
+            self.programs.on_complete(
+                Completion(held.request, held.worker_id, held.dispatch_time, now, service, output_tokens)
+            )
         return True
+
+    def end_workflow(self, tenant: str, workflow_id: str) -> bool:
+        """The application says the workflow is over: drop its process-table entry."""
+        return self.programs.end((tenant, workflow_id))
+
+    def expire_programs(self, now: float) -> list[ProgramKey]:
+        """Drop programs idle for longer than program_idle_ttl_s (expire_workers also does)."""
+        return self.programs.expire(now)
+
+    def engine_rule(self) -> LocalRule | None:
+        """A fresh engine-side rule for one engine, when the priority policy has one."""
+        policy = self.priority_policy
+        return policy.engine_rule() if isinstance(policy, EngineRanked) else None
 
     def dispatch(self, now: float) -> list[Decision]:
         """Place queued requests, highest priority first, while the routing policy finds room.
@@ -139,7 +202,7 @@ class GlobalScheduler:
                 del queue[request.request_id]
                 worker = self._workers[worker_id]
                 worker = self._workers[worker_id] = dataclasses.replace(worker, placed=worker.placed + 1)
-                self._placements[request.request_id] = (worker_id, request)
+                self._placements[request.request_id] = _Placement(worker_id, request, now)
                 decisions.append(Decision(request.request_id, worker, priority, now - request.arrival_time))
         return decisions
 
@@ -166,6 +229,7 @@ class GlobalScheduler:
             draining=report.draining or report.worker_id in self._operator_drained,
             last_heartbeat=now,
             heartbeat_interval_s=report.heartbeat_interval_s or self.default_heartbeat_interval_s,
+            admission_limit=self._admission_limit(report.max_batch),
         )
         self._workers[report.worker_id] = view
         return view
@@ -189,19 +253,20 @@ class GlobalScheduler:
         Their outstanding placements are dropped and returned as failed; queued requests that no
         remaining worker could ever serve are removed and returned as rejected (NoWorkers).
         """
+        self.programs.expire(now)
         expired: list[ExpiredWorker] = []
         for worker in sorted(self._workers.values(), key=lambda w: w.worker_id):
             if now - worker.last_heartbeat <= self.heartbeat_timeout_factor * worker.heartbeat_interval_s:
                 continue
             del self._workers[worker.worker_id]
             self._reported_draining.pop(worker.worker_id, None)
-            failed = tuple(rid for rid, (wid, _) in self._placements.items() if wid == worker.worker_id)
+            failed = tuple(rid for rid, p in self._placements.items() if p.worker_id == worker.worker_id)
             for rid in failed:
-                del self._placements[rid]
+                self.programs.on_cancel(self._placements.pop(rid).request)
             queue = self._queues.get(worker.model, {})
             rejected = tuple(rid for rid, r in queue.items() if not self._can_ever_serve(r))
             for rid in rejected:
-                del queue[rid]
+                self.programs.on_cancel(queue.pop(rid))
             expired.append(ExpiredWorker(worker.worker_id, worker.model, failed, rejected))
         return expired
 
@@ -217,7 +282,7 @@ class GlobalScheduler:
 
     def placement_of(self, request_id: str) -> str | None:
         held = self._placements.get(request_id)
-        return held[0] if held is not None else None
+        return held.worker_id if held is not None else None
 
     def is_queued(self, request_id: str) -> bool:
         return any(request_id in q for q in self._queues.values())
@@ -229,8 +294,8 @@ class GlobalScheduler:
     def check_integrity(self) -> None:
         """Assert the accounting invariants (tests call this after every step)."""
         counts: dict[str, int] = {}
-        for worker_id, _ in self._placements.values():
-            counts[worker_id] = counts.get(worker_id, 0) + 1
+        for placement in self._placements.values():
+            counts[placement.worker_id] = counts.get(placement.worker_id, 0) + 1
         for worker in self._workers.values():
             assert worker.placed == counts.pop(worker.worker_id, 0), (
                 f"{worker.worker_id}: placed count drifted"
@@ -241,6 +306,10 @@ class GlobalScheduler:
             assert len(queue) <= self.max_queue_per_model, f"queue {model} over capacity"
             for rid, request in queue.items():
                 assert request.model == model and rid not in self._placements, f"{rid} queued twice"
+        self.programs.check_integrity()
+
+    def _admission_limit(self, max_batch: int) -> int:
+        return 0 if self.engine_queue_factor == 1 else math.ceil(max_batch * self.engine_queue_factor)
 
     def _can_ever_serve(self, request: QueuedRequest) -> bool:
         return any(

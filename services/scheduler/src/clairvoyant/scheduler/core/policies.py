@@ -4,14 +4,24 @@ A policy is pure: plain inputs and ``now`` in, a decision out; it never reads a 
 It may keep internal state (the round-robin cursor, an attained-service table), so each scheduler
 builds its own instances through the registries.  Later presets (pythia, autellix, kairos, saga)
 live in their own modules and register here by name.
+
+Beyond the two methods, a policy may implement optional hooks, each a one-method Protocol the
+scheduler checks with isinstance (so no preset is special-cased anywhere):
+
+- ``ProgramAware.bind_programs(table)``: the policy reads the scheduler's process table;
+- ``EngineQueued.engine_queue_factor()``: a routing policy that hands calls to the engines' own
+  queues (they order and preempt them) may hold up to factor x max_batch placements per worker;
+- ``EngineRanked.engine_rule()``: a priority policy with an engine-side counterpart (demotion,
+  anti-starvation) gives a fresh rule per engine; engines that take rules install it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from clairvoyant.core.registry import Registry
+from clairvoyant.scheduler.core.process_table import ProcessTable
 from clairvoyant.scheduler.core.types import QueuedRequest, WorkerView
 
 
@@ -36,6 +46,57 @@ class RoutingPolicy(Protocol):
         when the scheduler is about to place the request: a policy that keeps state (a cursor)
         may assume a returned id is used.
         """
+        ...
+
+
+@runtime_checkable
+class ProgramAware(Protocol):
+    def bind_programs(self, table: ProcessTable) -> None:
+        """Called once by the scheduler that owns ``table``; the policy may keep and read it.  The
+        scheduler updates it on submit, complete and expiry; a policy writes only the columns
+        documented as its own (``Program.engine_id``, the load balancer's pin)."""
+        ...
+
+
+@runtime_checkable
+class EngineQueued(Protocol):
+    def engine_queue_factor(self) -> float:
+        """Placements the scheduler may hold per worker, as a multiple of its max_batch (>= 1).
+        Above 1 the engine's local scheduler, not the global queue, decides who runs."""
+        ...
+
+
+class EngineSequence(Protocol):
+    """What an engine-side rule reads of a sequence (the worker's Sequence has all of it)."""
+
+    @property
+    def priority(self) -> float: ...  # the base priority the scheduler sent
+    @property
+    def num_output_tokens(self) -> int: ...
+    @property
+    def lineage(self) -> _Lineage | None: ...
+
+
+class _Lineage(Protocol):
+    @property
+    def tenant(self) -> str: ...
+    @property
+    def workflow_id(self) -> str | None: ...
+
+
+class LocalRule(Protocol):
+    def effective_priority(self, seq: EngineSequence, now: float) -> float:
+        """The sequence's effective priority at ``now`` on its engine (larger = more urgent).  The
+        engine calls it for every live sequence at every scheduling step, with ``now`` never
+        decreasing, and breaks ties by earlier arrival."""
+        ...
+
+
+@runtime_checkable
+class EngineRanked(Protocol):
+    def engine_rule(self) -> LocalRule:
+        """A fresh engine-side rule (one per engine) that refines the base priority over a call's
+        life there."""
         ...
 
 

@@ -79,10 +79,13 @@ class WorkerView:
     draining: bool  # drained by an operator / the autoscaler, or the worker says it is draining
     last_heartbeat: float  # core time of the last report
     heartbeat_interval_s: float
+    # Placements this scheduler may hold on the worker; 0 = max_batch.  Above max_batch only for
+    # presets whose calls queue at the engine (its local scheduler orders and preempts them).
+    admission_limit: int = 0
 
     @property
     def has_room(self) -> bool:
-        return self.placed < self.max_batch
+        return self.placed < (self.admission_limit or self.max_batch)
 
     @property
     def kv_usage(self) -> float:
@@ -101,6 +104,20 @@ class Decision(NamedTuple):
     @property
     def worker_id(self) -> str:
         return self.worker.worker_id
+
+
+class Completion(NamedTuple):
+    """A placement that ended, as the process table learns it (``GlobalScheduler.complete``)."""
+
+    request: QueuedRequest
+    worker_id: str
+    dispatch_time: float  # core time of the placement
+    finish_time: float  # core time the completion was reported
+    # Model execution time of the call (seconds the engine spent computing it).  When the caller
+    # cannot measure it (the live Complete RPC), finish_time - dispatch_time stands in: an
+    # over-estimate by the call's engine-side queueing.
+    service_s: float
+    output_tokens: int = 0  # 0 when unknown
 
 
 class ExpiredWorker(NamedTuple):

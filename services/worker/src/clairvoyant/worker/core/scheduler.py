@@ -12,17 +12,27 @@ preempted by recompute: its blocks are released (shared ones just lose a referen
 the prefix cache), it rejoins the waiting queue with its generated tokens, and later recomputes
 prompt + output.  A sequence is only ever preempted for a more urgent one; a decode that finds no
 less urgent victim preempts itself.
+
+A ``PriorityRule`` may replace the effective priority (e.g. Autellix's K queues with quanta,
+demotion and anti-starvation); the tie-breaks and everything else stay as they are.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from clairvoyant.worker.core.block_manager import BlockManager
 from clairvoyant.worker.core.sequence import Sequence, SequenceStatus
 
 Urgency = tuple[float, float, int]
+
+
+class PriorityRule(Protocol):
+    def effective_priority(self, seq: Sequence, now: float) -> float:
+        """``seq``'s effective priority at ``now`` (larger = more urgent).  Called for every live
+        sequence at every ``schedule``, with ``now`` never decreasing; may keep per-sequence state."""
+        ...
 
 
 class ScheduledChunk(NamedTuple):
@@ -49,6 +59,7 @@ class Scheduler:
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.preemptions_total = 0
+        self.rule: PriorityRule | None = None  # None: base priority + aging
 
     def add(self, seq: Sequence) -> None:
         assert seq.status is SequenceStatus.WAITING and not seq.block_table
@@ -65,6 +76,8 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
 
     def urgency(self, seq: Sequence, now: float) -> Urgency:
+        if self.rule is not None:
+            return (self.rule.effective_priority(seq, now), -seq.arrival_time, -seq.seq_id)
         effective = seq.priority + self.aging_rate * max(0.0, now - seq.arrival_time)
         return (effective, -seq.arrival_time, -seq.seq_id)
 
