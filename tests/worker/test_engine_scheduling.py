@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from clairvoyant.worker.core.engine import EngineRequest, LLMEngine
+from clairvoyant.worker.core.sequence import Sequence
 from tests.worker.fakes import Clock, Collected, collect, drain, letters, make_engine, request
 
 pytestmark = pytest.mark.unit
@@ -159,3 +160,45 @@ def test_preemption_by_recompute_reproduces_unpreempted_tokens(enable_prefix_cac
     assert all(len(c.token_ids) == 20 for c in got.values())
     stats = tiny.stats()
     assert stats.kv_blocks_used == stats.kv_blocks_cached
+
+
+def test_waiting_request_preempts_less_urgent_running_when_seats_run_out() -> None:
+    # Autellix's engine-side preemption: batch full, a call of a program with less attained
+    # service (higher base priority) takes the seat of one with more; the victim resumes after.
+    clock = Clock(0.0)
+    engine, _ = make_engine(clock=clock, block_size=4, num_blocks=64, max_num_seqs=1)
+    results: dict[str, Collected] = {}
+    engine.add_request(request("long-program", letters(6, 1), max_tokens=4, priority=-5.0))
+    collect(engine.step(), results)
+    clock.now = 1.0
+    engine.add_request(request("short-program", letters(6, 2), max_tokens=2, priority=0.0))
+    collect(engine.step(), results)
+    assert [s.request_id for s in engine.last_schedule.preempted] == ["long-program"]
+    assert [s.request_id for s in engine.scheduler.running] == ["short-program"]
+    engine.check_integrity()
+    drain(engine, results)
+    assert [len(results[r].token_ids) for r in ("long-program", "short-program")] == [4, 2]
+    assert engine.stats().preemptions_total == 1
+
+
+class _ByOutputLength:
+    """A PriorityRule: fewer generated tokens = more urgent (least attained service per call)."""
+
+    def effective_priority(self, seq: Sequence, now: float) -> float:
+        return -float(seq.num_output_tokens)
+
+
+def test_a_priority_rule_replaces_base_priority_and_aging() -> None:
+    clock = Clock(0.0)
+    engine, _ = make_engine(clock=clock, block_size=4, num_blocks=64, max_num_seqs=1, aging_rate=100.0)
+    engine.scheduler.rule = _ByOutputLength()
+    engine.add_request(request("a", letters(6, 1), max_tokens=3, priority=9.0, arrival_time=0.0))
+    engine.add_request(request("b", letters(6, 2), max_tokens=3, priority=0.0, arrival_time=0.0))
+    ran: list[str] = []
+    while engine.has_unfinished():
+        ran += [out.request_id for out in engine.step()]
+        clock.now += 1.0
+        engine.check_integrity()
+    # Without the rule "a" (priority 9) would run to the end first; with it they alternate, the
+    # earlier arrival (lower seq id) winning each tie.
+    assert ran == ["a", "b", "a", "b", "a", "b"]

@@ -159,7 +159,7 @@ class KQueueRule:
             )
         elif now > state.seen:
             self._advance(seq, state, now)
-        return -float(state.queue)
+        return float(-state.queue)
 
     def queue_of(self, seq: EngineSequence) -> int | None:
         """Diagnostics: the queue a sequence is in, None if never ranked."""
@@ -182,6 +182,8 @@ class KQueueRule:
             state.wait_s = state.model_s = 0.0
 
     def _starving(self, seq: EngineSequence, state: _CallState) -> bool:
+        if math.isinf(self.config.beta):
+            return False
         wait, service = state.wait_s, state.model_s
         lineage = seq.lineage
         if self.programs is not None and lineage is not None and lineage.workflow_id is not None:
