@@ -21,9 +21,10 @@ which keeps every cached path reachable from the root.
 
 Eviction order comes from a lazy min-heap of ``(last_access, block_id)`` entries, each packed into
 one int (``last_access << 32 | block_id``: no tuple per entry to allocate and collect): one is pushed
-whenever a node's access time changes, it becomes a leaf, or the block manager reports it
+whenever a leaf's access time changes, a node becomes a leaf, or the block manager reports it
 unreferenced (``note_unreferenced``); ``evict`` discards entries that no longer describe an
-evictable leaf.  Each evictable leaf therefore always has a current entry, and ``evict`` pops the
+evictable leaf.  An interior node's access pushes nothing: it can only become a leaf in ``evict``,
+which pushes it with its access time then.  Each evictable leaf therefore always has a current entry, and ``evict`` pops the
 same blocks a full scan would, in O(evicted log n) instead of O(cache size) per call.
 """
 
@@ -122,9 +123,11 @@ class RadixCache:
                 child = RadixNode(key, block_id, node, tags[i])
                 node.children[key] = child
                 self._node_of_block[block_id] = child
-            self._access(child)
+            child.last_access = self._clock  # every node but the last gets a child: only it may be a leaf
             canonical.append(child.block_id)
             node = child
+        if block_ids:
+            self._access(node)
         return canonical
 
     def touch(self, block_ids: Sequence[int]) -> None:
@@ -162,6 +165,8 @@ class RadixCache:
 
     def _access(self, node: RadixNode) -> None:
         node.last_access = self._clock
+        if node.children:
+            return  # not a leaf: it can only become one in ``evict``, which pushes it then
         heapq.heappush(self._lru, self._clock << _ID_BITS | node.block_id)
         if len(self._lru) > 4 * len(self._node_of_block) + 1024:  # drop the stale entries
             self._lru = [n.last_access << _ID_BITS | b for b, n in self._node_of_block.items()]
