@@ -159,6 +159,70 @@ async def test_nothing_lost_and_nothing_counted_twice_across_a_crash_and_restart
     await nc.close()
 
 
+class SnapshotlessRepository(ProfileRepository):
+    """Logs every batch, fails every snapshot: the process 'dies' between the log and a snapshot."""
+
+    def __init__(self, database_url: str) -> None:
+        super().__init__(database_url)
+        self.failed_snapshots = 0
+
+    def save(self, snapshots: Iterable[ProfileSnapshot]) -> int:
+        self.failed_snapshots += 1
+        raise OSError("the database went away")
+
+
+async def test_a_restart_after_a_crash_before_the_snapshot_replays_the_log_to_the_same_state(
+    nats_url: str, tmp_path: Path
+) -> None:
+    database_url = f"sqlite:///{tmp_path / 'profiler.db'}"
+    records = completion_records("acme", "coding", 12, seed=13)
+    more = completion_records("acme", "coding", 6, seed=14, first=12)
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    await js.add_stream(name=COMPLETIONS_STREAM, subjects=[COMPLETIONS_SUBJECT])
+    await publish(js, (m.SerializeToString() for m in records))
+    clock = ManualClock(EPOCH)
+
+    async def drained() -> bool:
+        try:
+            info = await js.consumer_info(COMPLETIONS_STREAM, "profiler")
+        except nats.js.errors.NotFoundError:
+            return False  # not bound yet
+        return info.num_pending == 0 and info.num_ack_pending == 0
+
+    # Run 1: every record is logged and acked; every snapshot (due every 40 changes) fails.
+    failing = SnapshotlessRepository(database_url)
+    service = ProfilerService(settings(nats_url, database_url, snapshot_every_records=40), clock=clock,
+                              repository=failing)  # fmt: skip
+    await service.start()
+    await until(drained, "every record to be acked")
+    never_restarted = service.store.profile("acme", "coding")
+    await service.stop()  # its last snapshot fails too
+    assert failing.failed_snapshots >= len(records) // 40
+    stored = ProfileRepository(database_url)
+    assert stored.list() == [] and len(stored.log_seqs()) == len(records)
+    stored.close()
+
+    # Run 2 restores from the log alone: exactly what run 1 had, and what the core alone learns.
+    service = ProfilerService(settings(nats_url, database_url, snapshot_every_records=40), clock=clock)
+    await service.start()
+    restored = service.store.profile("acme", "coding")
+    assert restored.to_state() == never_restarted.to_state()
+    assert restored.to_state() == reference_store(records, small_config()).profile("acme", "coding").to_state()
+    await publish(js, (m.SerializeToString() for m in more + records[:20]))  # new records, and duplicates
+    await until(drained, "the new records to be acked")
+    await service.stop()  # a graceful stop snapshots every changed profile and prunes the log
+    assert restored.to_state() == reference_store(records + more, small_config()).profile(
+        "acme", "coding"
+    ).to_state()
+    stored = ProfileRepository(database_url)
+    assert [p.instances for p in stored.list()] == [18] and stored.log_seqs() == []
+    reloaded = stored.load("acme", "coding")
+    stored.close()
+    assert reloaded is not None and reloaded.to_state() == restored.to_state()
+    await nc.close()
+
+
 async def test_without_nats_annotate_serves_from_memory_and_learning_resumes_when_it_comes_up(
     tmp_path: Path,
 ) -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -14,15 +17,19 @@ from sqlalchemy.orm import Session
 
 from clairvoyant.contracts.v1 import common_pb2
 from clairvoyant.profiler import convert
+from clairvoyant.profiler.consumer import Learner
 from clairvoyant.profiler.core import CallRecord, ProfileStore, Tier, WorkflowProfile
 from clairvoyant.profiler.persistence import (
     VERSION_TABLE,
     Base,
+    LogEntry,
     ProfileRepository,
     ProfileRow,
     ProfileSnapshot,
+    make_engine,
+    upgrade,
 )
-from tests.profiler.test_service_records import completion_records, reference_store, small_config
+from tests.profiler.test_service_records import EPOCH, completion_records, reference_store, small_config
 
 pytestmark = pytest.mark.integration
 
@@ -127,3 +134,170 @@ def _record(msg: common_pb2.CompletionRecord) -> CallRecord:
     keyed = convert.call_record(msg)
     assert keyed is not None
     return keyed.record
+
+
+# --- the log and the snapshots ---------------------------------------------------------------------
+
+
+def workload() -> list[common_pb2.CompletionRecord]:
+    """Two profiles' records interleaved; every third acme instance has no workflow_end marker, so
+    only an idle tick closes it."""
+    acme = completion_records("acme", "coding", 24, seed=7)
+    for msg in acme:
+        if int(msg.app_metadata.workflow_id.split("-w")[1]) % 3 == 0:
+            msg.app_metadata.workflow_end = False
+    beta = completion_records("beta", "review", 8, seed=8)
+    merged = []
+    for i, msg in enumerate(acme):
+        merged += [msg, beta[i]] if i < len(beta) else [msg]
+    return merged
+
+
+def feed(
+    learner: Learner, repository: ProfileRepository, batches: list[list[common_pb2.CompletionRecord]],
+    *, every_records: int, snapshot: bool = True,
+) -> list[ProfileSnapshot]:
+    """What the consumer does per batch: apply, tick at the batch's latest end time, append, then
+    snapshot the profiles ``every_records`` behind.  Returns the snapshots written."""
+    written = []
+    for batch in batches:
+        for msg in batch:
+            learner.apply(msg.SerializeToString())
+        learner.tick(max(m.timing.end_time for m in batch))
+        repository.append(learner.pending)
+        learner.logged(len(learner.pending))
+        keys = learner.due(0.0, every_records, float("inf"))
+        if snapshot and keys:
+            snapshots = learner.snapshots(keys)
+            repository.save(snapshots)
+            learner.snapshotted(snapshots, 0.0)
+            written += snapshots
+    return written
+
+
+def batched(records: list[common_pb2.CompletionRecord], size: int) -> list[list[common_pb2.CompletionRecord]]:
+    return [records[i : i + size] for i in range(0, len(records), size)]
+
+
+def states(store: ProfileStore) -> dict[tuple[str, str], object]:
+    return {key: profile.to_state() for key, profile in sorted(store.profiles.items())}
+
+
+@pytest.mark.parametrize("crash_after", [0, 5, 11, 17])
+def test_a_crash_between_log_and_snapshot_restores_the_never_restarted_state(
+    database: str, crash_after: int
+) -> None:
+    batches = batched(workload(), 16)
+    assert len(batches) > 18
+    live = Learner(ProfileStore(small_config()))
+    repository = ProfileRepository(database, config=small_config())
+    feed(live, repository, batches[:crash_after], every_records=40)
+    # The crash: batch ``crash_after`` is logged (and would be acked), its snapshot never written.
+    feed(live, repository, batches[crash_after : crash_after + 1], every_records=40, snapshot=False)
+    repository.close()
+
+    reopened = ProfileRepository(database, config=small_config())
+    restored = reopened.restore()
+    assert sum(item.replayed for item in restored.profiles) > 0  # the log had work to do
+    assert restored.next_seq == live.next_seq
+    again = Learner(ProfileStore(small_config()))
+    again.adopt(restored, 0.0)
+    assert states(again.store) == states(live.store)
+    for key, profile in live.store.profiles.items():
+        assert annotations_of(again.store.profiles[key]) == annotations_of(profile)
+
+    # Both go on with the rest: the restored one stays identical to the one that never stopped.
+    feed(again, reopened, batches[crash_after + 1 :], every_records=40)
+    feed(live, ProfileRepository(f"sqlite:///{Path(tempfile.mkdtemp()) / 'other.db'}"), batches[crash_after + 1 :],
+         every_records=40)  # fmt: skip
+    assert states(again.store) == states(live.store)
+    assert states(again.store) == states(reference(workload(), batches))
+    final = reopened.restore()
+    reopened.close()
+    assert {(p.profile.tenant, p.profile.workflow_type_id): p.profile.to_state() for p in final.profiles} == states(
+        live.store
+    )
+
+
+def reference(records: list[common_pb2.CompletionRecord], batches: list[list[common_pb2.CompletionRecord]]) -> (
+    ProfileStore
+):
+    """The core alone, ticking where the consumer ticked (after each batch)."""
+    store = ProfileStore(small_config())
+    for batch in batches:
+        for msg in batch:
+            keyed = convert.call_record(msg)
+            assert keyed is not None
+            store.ingest(*keyed)
+        store.tick(max(m.timing.end_time for m in batch))
+    return store
+
+
+def test_pruning_keeps_exactly_the_entries_no_snapshot_covers(database: str) -> None:
+    learner = Learner(ProfileStore(small_config()))
+    repository = ProfileRepository(database, config=small_config())
+    logged: list[tuple[int, tuple[str, str]]] = []
+    ticks: list[int] = []
+    original_append = repository.append
+
+    def append(entries: Sequence[LogEntry]) -> None:
+        logged.extend((e.seq, e.key) for e in entries)
+        ticks.extend(e.seq for e in entries if e.record is None)
+        original_append(entries)
+
+    repository.append = append  # type: ignore[method-assign]
+    snapshots = feed(learner, repository, batched(workload(), 16), every_records=50)
+    covers = {}
+    for snap in snapshots:
+        covers[(snap.tenant, snap.workflow_type_id)] = snap.covers_seq
+    assert len(snapshots) >= 4 and set(covers) == {("acme", "coding"), ("beta", "review")}
+    assert len(logged) == len(workload()) + len(ticks) and len(ticks) >= 4  # every record, and the ticks
+    assert repository.log_seqs() == [seq for seq, key in logged if seq > covers[key]]
+    assert len(repository.log_seqs()) > 0
+
+    # A snapshot of everything (a graceful stop) empties the log; numbering carries on after it.
+    final = learner.snapshots(learner.changed())
+    repository.save(final)
+    learner.snapshotted(final, 0.0)
+    assert repository.log_seqs() == []
+    assert repository.next_seq() == learner.next_seq == logged[-1][0] + 1
+    assert repository.restore().next_seq == learner.next_seq
+    repository.close()
+
+
+def test_appending_skips_request_ids_already_logged(database: str) -> None:
+    repository = ProfileRepository(database, config=small_config())
+    records = [_record(m) for m in completion_records("acme", "coding", 1, seed=9)[:4]]
+    first = [LogEntry(i + 1, "acme", "coding", r) for i, r in enumerate(records)]
+    repository.append([*first, LogEntry(5, "acme", "coding", None, EPOCH)])
+    # A redelivered batch under new numbers: its records are skipped, its tick (no request id) is not.
+    again = [LogEntry(i + 6, "acme", "coding", r) for i, r in enumerate(records[2:])]
+    repository.append([*again, LogEntry(8, "acme", "coding", None, EPOCH + 1.0)])
+    assert repository.log_seqs() == [1, 2, 3, 4, 5, 8]
+    restored = repository.load("acme", "coding")
+    repository.close()
+    assert restored is not None
+    assert restored.to_state()["seen"] == [r.request_id for r in records]
+    assert restored.to_state()["open"][records[0].workflow_id]["calls"][0]["request_id"] == records[0].request_id
+
+
+def test_a_version_0001_database_upgrades_and_keeps_its_profiles(database: str) -> None:
+    profile = trained_store().profile("acme", "coding")
+    engine = make_engine(database)
+    upgrade(engine, "0001")
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO profiler_profiles (tenant, workflow_type_id, state_format, state, instances, tier, "
+                "updated_at) VALUES ('acme', 'coding', 1, :state, 60, 'low', :now)"
+            ),
+            {"state": json.dumps(profile.to_state()), "now": datetime.now(UTC)},
+        )
+    engine.dispose()
+    repository = ProfileRepository(database)  # migrates to head
+    restored = repository.restore()
+    repository.close()
+    assert restored.next_seq == 1
+    assert [(p.profile.to_state(), p.last_seq, p.replayed) for p in restored.profiles] == [
+        (profile.to_state(), 0, 0)
+    ]
