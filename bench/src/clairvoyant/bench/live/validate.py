@@ -113,7 +113,11 @@ def run_sim_with_overheads(config: ExperimentConfig, policy: str, overheads: Ove
 
 
 def emulated_stack_config(var_dir: Path, config: ExperimentConfig, policy: str, replicas: list[ReplicaSpec]) -> StackConfig:
-    """A stack whose workers are the simulated replicas, emulated in real time, on free ports."""
+    """A stack whose workers are the simulated replicas, emulated in real time, on free ports.
+
+    No profiler: the simulator has none (the compared policies do not read annotations), and on a
+    2-core machine its process and each call's Annotate round trip would be measured as the
+    serving path's cost."""
     spec = replicas[0]
     engine = spec.config
     return StackConfig.on_free_ports(
@@ -121,6 +125,7 @@ def emulated_stack_config(var_dir: Path, config: ExperimentConfig, policy: str, 
         model=spec.runner.info.name,
         workers=len(replicas),
         policy=policy,
+        profiler=False,
         worker_env={
             "CV_RUNNER": "emulated",
             "CV_GPU": config.gpu,
