@@ -187,6 +187,8 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     """Run the migrations shipped in ``clairvoyant/profiler/migrations`` up to ``revision``."""
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
+    # Alembic logs every plugin it sets up at INFO; the revisions it runs are what an operator needs.
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     with engine.begin() as connection:
         config.attributes["connection"] = connection  # env.py migrates on this connection
         command.upgrade(config, revision)
