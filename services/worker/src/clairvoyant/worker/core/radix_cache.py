@@ -141,7 +141,7 @@ class RadixCache:
     def note_unreferenced(self, block_id: int) -> None:
         """The block manager's word that only the cache holds ``block_id`` now: a candidate again."""
         node = self._node_of_block.get(block_id)
-        if node is not None:
+        if node is not None and not node.children:  # an interior node gets its entry in ``evict``
             heapq.heappush(self._lru, node.last_access << _ID_BITS | block_id)
 
     def evict(self, num_blocks: int, is_unreferenced: Callable[[int], bool]) -> list[int]:
