@@ -12,14 +12,15 @@ calls it from its event loop only.
 Alongside, the process table (process_table.py) follows each program (tenant, workflow_id):
 submit opens its entry and records the call, a completion reported with its time adds the call's
 service, and an idle or ended program is dropped.  Policies that implement the optional hooks of
-policies.py read it, queue at the engines, or hand the engines a rule of their own.
+policies.py read it, queue at the engines, or hand the engines a rule of their own.  A policy that
+implements ``SchedulerAware`` (below) may also read the live queue depths and placements (Pythia).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from clairvoyant.contracts.v1 import worker_pb2
 from clairvoyant.core.errors import InvalidRequest, NoWorkers, QueueFull
@@ -44,6 +45,15 @@ from clairvoyant.scheduler.core.types import (
     WorkerReport,
     WorkerView,
 )
+
+
+@runtime_checkable
+class SchedulerAware(Protocol):
+    def bind_scheduler(self, scheduler: GlobalScheduler) -> None:
+        """Called once by the scheduler that the policy serves.  The policy may keep it and call its
+        read-only methods (``queue_depth``, ``placed_requests``, ``agent_model``, ``workers``), never
+        the ones that change it."""
+        ...
 
 
 class _Placement(NamedTuple):
@@ -82,10 +92,13 @@ class GlobalScheduler:
         self._reported_draining: dict[str, bool] = {}
         self._operator_drained: set[str] = set()  # survives a worker's expiry and return
         self._placements: dict[str, _Placement] = {}  # request id -> placement
+        self._agent_models: dict[tuple[str, str], str] = {}  # (workflow type, agent) -> latest model
         self.programs = ProcessTable(program_idle_ttl_s)
         for policy in (priority, routing):
             if isinstance(policy, ProgramAware):
                 policy.bind_programs(self.programs)
+            if isinstance(policy, SchedulerAware):
+                policy.bind_scheduler(self)
         self.engine_queue_factor = routing.engine_queue_factor() if isinstance(routing, EngineQueued) else 1.0
         if self.engine_queue_factor < 1:
             raise ValueError("engine_queue_factor must be at least 1")
@@ -119,6 +132,9 @@ class GlobalScheduler:
         self.complete(request.request_id)
         queue[request.request_id] = request
         self.programs.on_submit(request, now)
+        if request.app_metadata is not None:
+            meta = request.app_metadata
+            self._agent_models[(meta.workflow_type_id, meta.agent_id)] = request.model
 
     def cancel(self, request_id: str) -> bool:
         """Remove a request that is still waiting (its caller went away).  False if not queued."""
@@ -279,6 +295,18 @@ class GlobalScheduler:
         """Depth per model, for every model with a queue or a worker."""
         models = sorted({*self._queues, *(w.model for w in self._workers.values())})
         return {m: len(self._queues.get(m, ())) for m in models}
+
+    def queue_depth(self, model: str) -> int:
+        """Requests waiting in ``model``'s global queue."""
+        return len(self._queues.get(model, ()))
+
+    def placed_requests(self, worker_id: str) -> list[QueuedRequest]:
+        """The requests holding a placement on ``worker_id``, in placement order."""
+        return [p.request for p in self._placements.values() if p.worker_id == worker_id]
+
+    def agent_model(self, workflow_type_id: str, agent_id: str) -> str | None:
+        """The model of the latest submitted call of this agent; None if none was seen."""
+        return self._agent_models.get((workflow_type_id, agent_id))
 
     def placement_of(self, request_id: str) -> str | None:
         held = self._placements.get(request_id)

@@ -1,0 +1,249 @@
+"""Pythia's lookahead request scheduling (seeds/000, §4.2.2): the ``pythia`` preset.
+
+    submit ──> PythiaPriority (Alg. 3)                 ──> PythiaCapacityRouting (Alg. 2)
+               ω1 / E[D_remain] + ω2 × idle risk            capable: Σ u_i ≤ C and Σ α_i ≤ ε
+               (idle risk from live per-model queues)       target: max headroom C − Σ u_i,
+                                                            ties: the program's last engine
+    engine ──> PythiaAgingRule: base priority + aging_rate × seconds on the engine
+
+The worker side of §4.2.2 ("periodical local batch creation", "priority-aware preemption
+recovery") is what the worker's local scheduler (worker ``core/scheduler.py``) already does: it
+sorts every live sequence by effective priority at *every* step (a window of one iteration), admits
+the most urgent ones while their first chunk fits in memory and stops at the first that does not,
+and on memory exhaustion preempts the least urgent running sequence and puts it back in the waiting
+list (which the next step sorts again).  The only part the preset adds is the aging term, through
+an engine rule (``EngineRanked``), because the engines' own ``aging_rate`` defaults to 0.
+
+Unannotated requests: only annotations of confidence LOW or HIGH are trusted.  A request without
+annotations, or of confidence NONE or SHADOW (the reactive tier of §5 "Cold starts"), gets
+priority 0 (so FCFS among them, plus aging) and is routed with a hard bound: prompt + max_tokens
+(the engine never generates more), or the worker's context window when max_tokens is 0, with
+α = 0.  In the simulator max_tokens equals the realised output length, so this bound is exact there.
+
+Defaults: the paper names none for ε, ω1, ω2, IDLE_THRESHOLD or the aging rate; it gives only the
+99th percentile as the bound's example (α_i = 0.01).  The other values below are ours.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
+
+from clairvoyant.contracts.v1 import common_pb2
+from clairvoyant.scheduler.core.policies import (
+    PRESETS,
+    PRIORITY_POLICIES,
+    ROUTING_POLICIES,
+    EngineSequence,
+    LocalRule,
+    SchedulerPreset,
+    eligible_workers,
+)
+from clairvoyant.scheduler.core.process_table import ProcessTable
+from clairvoyant.scheduler.core.types import QueuedRequest, WorkerView
+
+if TYPE_CHECKING:
+    from clairvoyant.scheduler.core.global_queue import GlobalScheduler
+
+TRUSTED = (common_pb2.CONFIDENCE_LOW, common_pb2.CONFIDENCE_HIGH)
+_SLACK = 1e-9  # Σ α_i is a float sum: 50 × 0.01 must pass ε = 0.5
+
+
+def trusted_annotations(request: QueuedRequest) -> common_pb2.SysAnnotations | None:
+    """The request's annotations when the profiler trusts them (LOW or HIGH); None otherwise."""
+    annotations = request.annotations
+    return annotations if annotations is not None and annotations.confidence in TRUSTED else None
+
+
+# ---- routing: Alg. 2 --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PythiaRoutingConfig:
+    epsilon: float = 0.5  # ε: the bound on a node's P_oom (ours; the paper gives no value)
+    alpha: float = 0.01  # α_i of a p99 bound: P(L_i > u_i) ≤ 0.01 (the paper's example)
+    # Tokens per KV block: C = kv_blocks_total × block_size.  Workers report blocks, not their
+    # size; 16 is the engines' default.
+    block_size: int = 16
+
+
+class LengthBound(NamedTuple):
+    tokens: int  # u_i: prompt + output upper bound, in tokens
+    alpha: float  # P(actual length > u_i) ≤ alpha; 0 for a hard bound
+
+
+class NodeLoad(NamedTuple):
+    capacity_tokens: float  # C; inf when the worker reports no KV pool
+    reserved_tokens: int  # Σ u_i over the node's active requests
+    failure_bound: float  # Σ α_i over the node's active requests
+    active: int
+
+
+def length_bound(request: QueuedRequest, max_model_len: int, alpha: float) -> LengthBound:
+    """u_i and α_i.  Trusted: prompt + ceil(p99), α.  Otherwise the hard bound prompt + max_tokens
+    (or the context window when max_tokens is unset), α = 0."""
+    annotations = trusted_annotations(request)
+    if annotations is not None and annotations.HasField("predicted_output_len"):
+        return LengthBound(request.prompt_tokens + math.ceil(annotations.predicted_output_len.p99), alpha)
+    if request.max_tokens > 0:
+        return LengthBound(request.prompt_tokens + request.max_tokens, 0.0)
+    return LengthBound(max(request.prompt_tokens, max_model_len), 0.0)
+
+
+def capable(load: NodeLoad, bound: LengthBound, epsilon: float) -> bool:
+    """Alg. 2 line 6 with the text's reservation: Σ u_i ≤ C and Σ α_i ≤ ε over A ∪ {R}.
+
+    An empty node is always capable: otherwise a request whose bound alone exceeds C (or whose
+    α exceeds ε) would wait for ever; the engine then deals with it as it would without Pythia."""
+    if load.active == 0:
+        return True
+    fits = load.reserved_tokens + bound.tokens <= load.capacity_tokens
+    return fits and load.failure_bound + bound.alpha <= epsilon + _SLACK
+
+
+@ROUTING_POLICIES.register("pythia-capacity")
+class PythiaCapacityRouting:
+    """Statistical capacity routing (§4.2.2, Alg. 2).
+
+    Among the eligible workers, the capable ones (``capable``) are candidates; the request goes to
+    the one with the largest headroom C − Σ_{A ∪ {R}} u_i, ties to the worker the request's program
+    was last routed to (its prefix is likely cached there: our stand-in for "holds the required L2
+    host cache", which the scheduler cannot see), then the smallest worker id.  None (wait) when no
+    eligible worker is capable; the scheduler then keeps the queue's order (head-of-line).
+
+    Readings: A is the node's placements that have not completed (``placed_requests``); headroom
+    is the text's C − Σ u_i rather than Alg. 2 line 8's ExpectedSize (the paper uses both words for
+    it); a node with headroom exactly 0 is a candidate (line 9's strict ">" from 0 would refuse it).
+    """
+
+    def __init__(self, config: PythiaRoutingConfig | None = None) -> None:
+        self.config = config or PythiaRoutingConfig()
+        self._scheduler: GlobalScheduler | None = None
+        self._programs: ProcessTable | None = None
+
+    def bind_scheduler(self, scheduler: GlobalScheduler) -> None:
+        self._scheduler = scheduler
+
+    def bind_programs(self, table: ProcessTable) -> None:
+        self._programs = table
+
+    def load(self, worker: WorkerView) -> NodeLoad:
+        capacity = worker.kv_blocks_total * self.config.block_size if worker.kv_blocks_total else math.inf
+        active = self._scheduler.placed_requests(worker.worker_id) if self._scheduler is not None else []
+        bounds = [length_bound(r, worker.max_model_len, self.config.alpha) for r in active]
+        return NodeLoad(
+            capacity, sum(b.tokens for b in bounds), math.fsum(b.alpha for b in bounds), len(bounds)
+        )
+
+    def route(self, request: QueuedRequest, workers: Sequence[WorkerView], now: float) -> str | None:
+        program = self._programs.of(request) if self._programs is not None else None
+        affine = program.engine_id if program is not None else None
+        best: tuple[float, bool, str] | None = None  # (headroom, not affine, worker id), smallest wins
+        for worker in eligible_workers(request, workers):
+            bound = length_bound(request, worker.max_model_len, self.config.alpha)
+            load = self.load(worker)
+            if not capable(load, bound, self.config.epsilon):
+                continue
+            key = (-(load.capacity_tokens - load.reserved_tokens - bound.tokens), worker.worker_id != affine,
+                   worker.worker_id)  # fmt: skip
+            if best is None or key < best:
+                best = key
+        if best is None:
+            return None
+        if program is not None:
+            program.engine_id = best[2]  # the column a routing policy may write: the affinity
+        return best[2]
+
+
+# ---- priority: Alg. 3 -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PythiaPriorityConfig:
+    completion_weight: float = 1.0  # ω1 (ours)
+    unblock_weight: float = 1.0  # ω2 (ours)
+    # IDLE_THRESHOLD: a model whose waiting requests (global queue + engine queues) number fewer is
+    # at risk of idling (ours: 1, i.e. nothing waits for it).
+    idle_threshold: int = 1
+    aging_rate: float = 0.01  # priority per second on the engine (ours: +1 after 100 s)
+
+
+def completion_score(annotations: common_pb2.SysAnnotations | None) -> float:
+    """S_completion = 1 / E[D_remain], with D_remain counting the request's own step:
+    expected_remaining_steps (steps after it) + 1.  So a final step scores 1.  0 without it."""
+    if annotations is None or not annotations.HasField("expected_remaining_steps"):
+        return 0.0
+    return 1.0 / (1.0 + max(0.0, annotations.expected_remaining_steps))
+
+
+@PRIORITY_POLICIES.register("pythia")
+class PythiaPriority:
+    """Graph-driven global priority (§4.2.2, Alg. 3): ω1 × S_completion + ω2 × S_unblock.
+
+    S_unblock (DownstreamIdleRisk): for each predicted next agent a whose model's live queue depth
+    is below IDLE_THRESHOLD, add P(a) / E[D_a].  Readings: the future agents are the annotation's
+    ``next_agents`` (the wire carries no farther ones), so E[D_a] = 1 step, and each adds its
+    probability (the expectation of 1/D when a does not follow is taken as 0), so a sure successor
+    adds exactly 1; an agent's model is the one its latest submitted call used
+    (``GlobalScheduler.agent_model``; unseen agents add nothing); a model's queue depth is its
+    global queue plus the queues its workers report.
+
+    Re-evaluated at every dispatch, like every priority here; the value when placed is the base
+    priority the engine ages (``PythiaAgingRule``).  Untrusted annotations: 0 (see module doc).
+    """
+
+    def __init__(self, config: PythiaPriorityConfig | None = None) -> None:
+        self.config = config or PythiaPriorityConfig()
+        self._scheduler: GlobalScheduler | None = None
+
+    def bind_scheduler(self, scheduler: GlobalScheduler) -> None:
+        self._scheduler = scheduler
+
+    def model_queue_depth(self, model: str) -> int:
+        scheduler = self._scheduler
+        if scheduler is None:
+            return 0
+        return scheduler.queue_depth(model) + sum(w.queued for w in scheduler.workers() if w.model == model)
+
+    def idle_risk(self, request: QueuedRequest, annotations: common_pb2.SysAnnotations | None) -> float:
+        if annotations is None or request.app_metadata is None or self._scheduler is None:
+            return 0.0
+        risk = 0.0
+        for nxt in annotations.next_agents:
+            model = self._scheduler.agent_model(request.app_metadata.workflow_type_id, nxt.agent_id)
+            if model is not None and self.model_queue_depth(model) < self.config.idle_threshold:
+                risk += nxt.probability / 1.0  # E[D_a] = 1: a next agent is one step away
+        return risk
+
+    def priority(self, request: QueuedRequest, now: float) -> float:
+        annotations = trusted_annotations(request)
+        if annotations is None:
+            return 0.0
+        return self.config.completion_weight * completion_score(
+            annotations
+        ) + self.config.unblock_weight * self.idle_risk(request, annotations)
+
+    def engine_rule(self) -> LocalRule:
+        return PythiaAgingRule(self.config.aging_rate)
+
+
+@dataclass
+class PythiaAgingRule:
+    """§4.2.2 "periodical local batch creation": effective priority = base priority +
+    aging_rate × seconds since the engine first ranked the call (within one step of its arrival
+    there; the engine ranks every live call at every step)."""
+
+    aging_rate: float
+    _first_seen: weakref.WeakKeyDictionary[EngineSequence, float] = field(
+        default_factory=weakref.WeakKeyDictionary, init=False, repr=False
+    )
+
+    def effective_priority(self, seq: EngineSequence, now: float) -> float:
+        first = self._first_seen.setdefault(seq, now)
+        return seq.priority + self.aging_rate * (now - first)
+
+
+PRESETS.register("pythia")(lambda: SchedulerPreset("pythia", "pythia-capacity"))
