@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from clairvoyant.bench.common import progress
-from clairvoyant.bench.experiment import ExperimentConfig, compare
+from clairvoyant.bench.experiment import ANNOTATORS, ExperimentConfig, compare
 from clairvoyant.bench.live import validate  # noqa: F401  (registers the sim-vs-live benchmark)
 from clairvoyant.bench.live.cluster import LiveModeError
 from clairvoyant.bench.live.run import DEFAULT_BASE_URL, DEFAULT_SCHEDULER, LiveOptions
@@ -54,6 +54,11 @@ def add_parsers(commands: Any) -> None:
         sub.add_argument("--block-size", type=int, default=16,
                          help="sim: KV block size in tokens (16 as live workers; 64 runs ~2.5x faster, "
                               "prefix hits rounded to 64 tokens)")  # fmt: skip
+        sub.add_argument("--annotations", choices=list(ANNOTATORS), default="none",
+                         help="sim: what annotates each call: nothing, the profiler core (trained on a warm-up "
+                              "instance, then online) or the generator's ground truth")  # fmt: skip
+        sub.add_argument("--warmup-workflows", type=int, default=64,
+                         help="sim, --annotations profiler: workflows in the warm-up instance (0: none)")
         sub.add_argument("--out", type=Path, required=True, help="results JSON")
         live = sub.add_argument_group("live mode")
         live.add_argument("--base-url", default=DEFAULT_BASE_URL, help="the gateway's OpenAI API")
@@ -72,9 +77,14 @@ def run_command(args: argparse.Namespace) -> int:
     config = ExperimentConfig(
         workload=args.workload, gpus=args.gpus, gpu=args.gpu, workflows=args.workflows,
         rate=args.rate, concurrency=args.concurrency, seed=args.seed, block_size=args.block_size,
+        annotations=args.annotations, warmup_workflows=args.warmup_workflows,
     )  # fmt: skip
     if args.block_size <= 0:
         raise SystemExit(f"error: --block-size must be positive, got {args.block_size}")
+    if args.warmup_workflows < 0:
+        raise SystemExit(f"error: --warmup-workflows must be >= 0, got {args.warmup_workflows}")
+    if args.mode == "live" and args.annotations != "none":
+        raise SystemExit("error: --annotations applies to --mode sim; a live stack has its own profiler")
     if args.mode == "live" and args.block_size != 16:
         raise SystemExit("error: --block-size applies to --mode sim; live workers use their own setting")
     progress(f"{args.command}: {args.workload}, {len(policies)} policies, {args.workflows} workflows, {args.gpus} GPUs")

@@ -7,11 +7,17 @@ Cluster placement (a choice; the seeds each fix their own): the GPUs are shared 
 workload's served models; each replica of a model uses the smallest tensor-parallel degree in
 (1, 2, 4, 8) whose KV pool holds at least one full-context request (``min(max_model_len, 32K)``
 tokens), as a serving operator would size it.
+
+Annotations (``annotations``): none (the default), the profiler core trained on a warm-up instance
+of ``warmup_workflows`` workflows (same workload and arrival process, other seed and ids, run
+under fcfs-rr) and then online, or the generator's ground truth (sim/annotations.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +25,7 @@ import numpy as np
 
 from clairvoyant.bench.arrivals import ClosedLoop, Poisson
 from clairvoyant.bench.metrics import jct_list, queue_depth_series, summarize
+from clairvoyant.bench.sim.annotations import Annotator, OracleAnnotator, ProfilerAnnotator, warm_up
 from clairvoyant.bench.sim.lower_bound import RooflineServiceTime, ServiceTime
 from clairvoyant.bench.sim.simulator import ReplicaSpec, Simulator
 from clairvoyant.bench.workloads import Workload, get_workload
@@ -45,6 +52,8 @@ class ExperimentConfig:
     block_size: int = 16
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
+    annotations: str = "none"  # none | profiler | oracle
+    warmup_workflows: int = 64  # profiler annotations: the warm-up instance's size (0: learn online only)
 
 
 def _no_sleep(seconds: float) -> None:
@@ -85,10 +94,12 @@ def build_cluster(workload: Workload, config: ExperimentConfig) -> tuple[list[Re
     return replicas, service
 
 
-def instance(workload: Workload, config: ExperimentConfig) -> tuple[list[tuple[float, WorkflowProgram]], list[WorkflowProgram]]:
+def instance(
+    workload: Workload, config: ExperimentConfig, prefix: str = "wf"
+) -> tuple[list[tuple[float, WorkflowProgram]], list[WorkflowProgram]]:
     """(initial arrivals, closed-loop backlog): identical for every preset given the seed."""
     rng = np.random.default_rng(config.seed)
-    programs = [workload.instantiate(rng, f"wf-{i:05d}") for i in range(config.workflows)]
+    programs = [workload.instantiate(rng, f"{prefix}-{i:05d}") for i in range(config.workflows)]
     arrival_rng = np.random.default_rng([config.seed, 1])
     if config.concurrency:
         initial = len(ClosedLoop(config.concurrency).times(arrival_rng, count=len(programs)))
@@ -99,12 +110,35 @@ def instance(workload: Workload, config: ExperimentConfig) -> tuple[list[tuple[f
     return [(0.0, p) for p in programs], []
 
 
+WARMUP_SEED_OFFSET = 1_000_000  # the warm-up instance's seed: config.seed + this
+
+
+def _profiler_annotator(workload: Workload, config: ExperimentConfig, service: Mapping[str, ServiceTime]) -> Annotator:
+    annotator = ProfilerAnnotator()
+    if config.warmup_workflows > 0:
+        warm = dataclasses.replace(config, workflows=config.warmup_workflows, seed=config.seed + WARMUP_SEED_OFFSET)
+        arrivals, backlog = instance(workload, warm, prefix="warmup")
+        warm_up(annotator, build_cluster(workload, config)[0], arrivals, backlog=backlog, seed=warm.seed)
+    return annotator
+
+
+ANNOTATORS: dict[str, Callable[[Workload, ExperimentConfig, Mapping[str, ServiceTime]], Annotator | None]] = {
+    "none": lambda workload, config, service: None,
+    "profiler": _profiler_annotator,
+    "oracle": lambda workload, config, service: OracleAnnotator(service),
+}
+
+
 def run_sim(config: ExperimentConfig, policy: str) -> dict[str, Any]:
     workload = get_workload(config.workload)
+    if config.annotations not in ANNOTATORS:
+        raise ValueError(f"unknown annotations {config.annotations!r}; choose from {sorted(ANNOTATORS)}")
     replicas, service = build_cluster(workload, config)
     arrivals, backlog = instance(workload, config)
+    annotator = ANNOTATORS[config.annotations](workload, config, service)
     started = time.perf_counter()
-    records = Simulator(replicas, policy, seed=config.seed, service_times=service).run(arrivals, backlog=backlog)
+    simulator = Simulator(replicas, policy, seed=config.seed, service_times=service, annotator=annotator)
+    records = simulator.run(arrivals, backlog=backlog)
     result = summarize(records)
     result["virtual_seconds"] = records.duration_s
     result["wall_seconds"] = time.perf_counter() - started

@@ -18,7 +18,8 @@ boundary.  Results equal the step-by-step ones (a test runs both), at a fraction
 Program-level policies learn what a live scheduler would: each completion carries the call's model
 execution time (the steps it was in a batch), a workflow's end closes its process-table entry, and
 a preset with an engine-side rule (Autellix's K queues) gets one rule per replica, sharing the
-scheduler's process table.
+scheduler's process table.  With an ``annotator`` (annotations.py), each call is submitted with the
+annotations it returns when the call becomes ready, and learns of each call that finishes.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import gc
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -44,6 +45,9 @@ from clairvoyant.worker.core.engine import DecodeRun, EngineConfig, EngineReques
 from clairvoyant.worker.core.sampling import SamplingParams
 from clairvoyant.worker.core.types import Lineage
 from clairvoyant.worker.runners.base import ModelRunner
+
+if TYPE_CHECKING:
+    from clairvoyant.bench.sim.annotations import Annotator
 
 TENANT = "default"
 
@@ -106,13 +110,16 @@ class Simulator:
         service_times: Mapping[str, ServiceTime] | None = None,
         fast_forward: bool = True,
         scheduler: GlobalScheduler | None = None,
+        annotator: Annotator | None = None,
     ) -> None:
         """``service_times``: each model's batch-1 service time, for the lower bound (none: 0).
         ``fast_forward``: take decode runs in one event (the results are the same).
         ``scheduler``: a scheduler built by the caller (policies with non-default parameters)
-        instead of ``preset``'s; it must have no workers yet."""
+        instead of ``preset``'s; it must have no workers yet.
+        ``annotator``: gives each call its annotations (none: every call is unannotated)."""
         self.service_times = dict(service_times or {})
         self.fast_forward = fast_forward
+        self.annotator = annotator
         self.events = EventQueue()
         self.replicas = {spec.worker_id: _Replica(spec, lambda: self.events.now) for spec in replicas}
         self.scheduler = scheduler or GlobalScheduler.from_preset(preset, max_queue_per_model=1_000_000)
@@ -214,6 +221,7 @@ class Simulator:
         request = QueuedRequest(
             request_id=call.call_id, tenant=TENANT, model=call.model, arrival_time=now,
             prompt_tokens=call.prompt_tokens, max_tokens=call.output_tokens, app_metadata=meta,
+            annotations=None if self.annotator is None else self.annotator.annotate(program, call, now),
         )  # fmt: skip
         self.scheduler.submit(request, now)
         self._submitted = True
@@ -263,6 +271,7 @@ class Simulator:
         record.rejected, record.end_time = reason, now
         self.scheduler.complete(record.call_id)
         self.prompts.record_response(record.call_id, [])  # later prompts that quote it get nothing
+        self._observe(record)
         self._release_dependents(self._programs[record.workflow_id], record, now)  # no output: no tool
 
     def _record_depths(self, now: float) -> None:
@@ -352,7 +361,13 @@ class Simulator:
         service = self._service.pop(out.request_id, 0.0)
         self.scheduler.complete(out.request_id, now=now, service_s=service, output_tokens=out.completion_tokens)
         self.prompts.record_response(out.request_id, self._outputs.pop(out.request_id))
+        self._observe(record)
         self._release_dependents(self._programs[record.workflow_id], record, now + record.tool_latency_s)
+
+    def _observe(self, record: CallRecord) -> None:
+        if self.annotator is not None:
+            last = self._remaining[record.workflow_id] == 1  # this call is its workflow's last one
+            self.annotator.observe(self._programs[record.workflow_id], record, last)
 
     def _release_dependents(self, program: WorkflowProgram, record: CallRecord, done_at: float) -> None:
         for child_id in self._children[program.workflow_id][record.call_id]:

@@ -1,0 +1,175 @@
+"""Annotations in the simulator: what the profiler would attach to each call (``SysAnnotations``).
+
+    call ready ──annotate──> QueuedRequest.annotations ──> scheduler policies
+    call done  ──observe───> the annotator learns (ProfilerAnnotator) or forgets (OracleAnnotator)
+
+- ``ProfilerAnnotator``: the profiler's pure core (``ProfileStore``) trained online on the
+  simulated completions, as the live profiler is on ``cv.requests.completed``.  ``warm_up`` first
+  trains it on a separate instance of the same workload, so that the measured run starts from a
+  profile learnt from traffic, not from the generator's ground truth.
+- ``OracleAnnotator``: the generator's ground truth (the ``WorkflowProgram``), for ablations:
+  exact output lengths and remaining steps, and the remaining critical-path time when given the
+  models' service times.
+
+A simulator without an annotator submits every call unannotated (the default; results unchanged).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from clairvoyant.bench.records import CallRecord, RunRecords
+from clairvoyant.bench.sim.lower_bound import ServiceTime, fresh_and_reused
+from clairvoyant.bench.sim.simulator import TENANT, ReplicaSpec, Simulator
+from clairvoyant.bench.workloads.program import Call, WorkflowProgram
+from clairvoyant.contracts.v1 import common_pb2
+from clairvoyant.profiler import core as profiler
+from clairvoyant.profiler.convert import sys_annotations
+
+
+class Annotator(Protocol):
+    def annotate(self, program: WorkflowProgram, call: Call, now: float) -> common_pb2.SysAnnotations | None:
+        """The annotations of ``call``, which became ready at ``now`` (None: unannotated)."""
+        ...
+
+    def observe(self, program: WorkflowProgram, record: CallRecord, last: bool) -> None:
+        """``record`` finished (served or rejected; ``end_time`` set); ``last``: no call of its
+        workflow is left unfinished."""
+        ...
+
+
+class ProfilerAnnotator:
+    """The profiler core, trained online on what the simulator completes.
+
+    Each finished call becomes a profiler ``CallRecord``: start = the time it became ready (the
+    gateway's arrival time), end = its end, its generated tokens, its parents and the agent of its
+    first parent (Kairos' upstream id), and ``workflow_end`` on its workflow's last call.  Every run
+    starts at virtual time 0, so ``new_run`` shifts the next run's times past everything seen.
+    """
+
+    def __init__(self, store: profiler.ProfileStore | None = None) -> None:
+        self.store = store or profiler.ProfileStore()
+        self.time_offset = 0.0
+        self._latest = 0.0
+
+    def annotate(self, program: WorkflowProgram, call: Call, now: float) -> common_pb2.SysAnnotations:
+        annotation = self.store.annotate(
+            TENANT, program.workflow_type, call.agent_id, workflow_id=program.workflow_id
+        )
+        return sys_annotations(annotation)
+
+    def observe(self, program: WorkflowProgram, record: CallRecord, last: bool) -> None:
+        assert record.end_time is not None
+        call = program.call(record.call_id)
+        start, end = record.ready_time + self.time_offset, record.end_time + self.time_offset
+        upstream = program.call(call.dependencies[0]).agent_id if call.dependencies else None
+        self.store.ingest(
+            TENANT,
+            program.workflow_type,
+            profiler.CallRecord(
+                request_id=record.call_id,
+                workflow_id=program.workflow_id,
+                agent_id=call.agent_id,
+                start=start,
+                end=end,
+                prompt_tokens=call.prompt_tokens,
+                output_tokens=record.generated_tokens,
+                upstream_agent_id=upstream,
+                parent_request_ids=call.dependencies,
+                workflow_end=last,
+            ),
+        )
+        self._latest = max(self._latest, end)
+
+    def new_run(self) -> None:
+        """The next simulator run starts after everything observed so far."""
+        self.time_offset = self._latest
+
+    def tier(self, workflow_type: str) -> profiler.Tier:
+        profile = self.store.profiles.get((TENANT, workflow_type))
+        return profile.confidence.tier if profile is not None else profiler.Tier.NONE
+
+
+def warm_up(
+    annotator: ProfilerAnnotator,
+    replicas: Sequence[ReplicaSpec],
+    arrivals: Sequence[tuple[float, WorkflowProgram]],
+    *,
+    backlog: Sequence[WorkflowProgram] = (),
+    preset: str = "fcfs-rr",
+    seed: int = 0,
+) -> RunRecords:
+    """Train ``annotator`` on a whole simulated run of a warm-up instance (its own replicas and
+    workflow ids), under ``preset`` (FCFS by default: the warm-up is the same for every policy
+    compared).  Afterwards the annotator's next run starts after the warm-up's last record."""
+    records = Simulator(replicas, preset, seed=seed, annotator=annotator).run(arrivals, backlog=backlog)
+    annotator.new_run()
+    return records
+
+
+class _Truth:
+    """One program's ground truth, per call id."""
+
+    def __init__(self, program: WorkflowProgram, service_times: Mapping[str, ServiceTime]) -> None:
+        children = program.dependents()
+        self.remaining_steps: dict[str, int] = {}
+        self.remaining_time_s: dict[str, float] = {}
+        self.next_agents: dict[str, tuple[str, ...]] = {}
+        for call in reversed(program.calls):  # dependents come later in the tuple
+            kids = [program.call(c) for c in children[call.call_id]]
+            self.remaining_steps[call.call_id] = max(
+                (1 + self.remaining_steps[k.call_id] for k in kids), default=0
+            )
+            self.next_agents[call.call_id] = tuple(dict.fromkeys(k.agent_id for k in kids))
+            if service_times:
+                after = max(
+                    (_service(k, service_times) + self.remaining_time_s[k.call_id] for k in kids), default=0.0
+                )
+                self.remaining_time_s[call.call_id] = call.tool_latency_s + after
+
+
+def _service(call: Call, service_times: Mapping[str, ServiceTime]) -> float:
+    fresh, reused = fresh_and_reused(call)
+    return service_times[call.model].call_seconds(fresh, reused, call.output_tokens)
+
+
+class OracleAnnotator:
+    """The generator's ground truth, at confidence HIGH.
+
+    - output length: p50 = p99 = the call's exact output tokens;
+    - expected_remaining_steps: the longest chain of calls after this one (its height in the DAG;
+      parallel calls are one step, as in the profiler's traces);
+    - next_agents: the distinct agents of its direct dependents, each with probability 1;
+    - expected_remaining_time_s (only with ``service_times``): from its end, its tool plus the
+      longest chain after it at batch-1 service times (no queueing: a lower bound).
+    Branches that do not descend from the call are not counted (in the built-in workloads every
+    branch joins again before the end).
+    """
+
+    def __init__(self, service_times: Mapping[str, ServiceTime] | None = None) -> None:
+        self.service_times = dict(service_times or {})
+        self._truth: dict[str, _Truth] = {}
+
+    def annotate(self, program: WorkflowProgram, call: Call, now: float) -> common_pb2.SysAnnotations:
+        truth = self._truth.get(program.workflow_id)
+        if truth is None:
+            truth = self._truth[program.workflow_id] = _Truth(program, self.service_times)
+        out = common_pb2.SysAnnotations(
+            confidence=common_pb2.CONFIDENCE_HIGH,
+            predicted_output_len=common_pb2.LengthInterval(p50=call.output_tokens, p99=call.output_tokens),
+            expected_remaining_steps=truth.remaining_steps[call.call_id],
+            next_agents=[
+                common_pb2.NextAgent(agent_id=a, probability=1.0) for a in truth.next_agents[call.call_id]
+            ],
+        )
+        if call.call_id in truth.remaining_time_s:
+            out.expected_remaining_time_s = truth.remaining_time_s[call.call_id]
+        return out
+
+    def observe(self, program: WorkflowProgram, record: CallRecord, last: bool) -> None:
+        if last:
+            self._truth.pop(program.workflow_id, None)
+
+
+ANNOTATIONS = ("none", "profiler", "oracle")  # the experiment's --annotations choices
