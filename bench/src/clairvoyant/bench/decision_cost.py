@@ -1,0 +1,154 @@
+"""``decision-cost``: the wall time of one scheduling decision with a long queue, for every preset.
+
+    python -m clairvoyant.bench decision-cost                     # 10,000 queued, 64 workers
+    python -m clairvoyant.bench decision-cost --presets sglang-gw,continuum --profile
+    python -m clairvoyant.bench decision-cost --quick             # 1,000 queued, 50 decisions
+
+One decision is ``GlobalScheduler.submit`` of a new request plus the ``dispatch`` that follows,
+timed together.  The scheduler starts with every worker at its admission limit and ``--queued``
+requests waiting; before each decision one placement completes (untimed, the oldest), so each
+dispatch has one free seat to fill and the queue stays at its length.  Requests belong to
+``--sessions`` programs (app_metadata), with prompts of 200-6,000 tokens, so the session, cache
+and program-aware policies see the state they would in a busy cluster.  ``--profile`` runs
+cProfile over the decisions of each preset that misses the goal and reports where the time goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import io
+import pstats
+import random
+import time
+from collections import deque
+from typing import Any
+
+from clairvoyant.bench.common import BENCHMARKS, BenchResult, percentile, progress
+from clairvoyant.core.app_metadata import AppMetadata
+from clairvoyant.scheduler.core import PRESETS, GlobalScheduler, QueuedRequest, WorkerReport
+
+GOAL_P99_MS = 1.0
+
+
+class _Load:
+    """A seeded stream of requests and the scheduler they go to, kept at a fixed queue length."""
+
+    def __init__(self, preset: str, args: argparse.Namespace) -> None:
+        self.rng = random.Random(args.seed)
+        self.sessions = args.sessions
+        self.sched = GlobalScheduler.from_preset(preset, max_queue_per_model=10**9)
+        for i in range(args.workers):
+            report = WorkerReport(f"w{i:03d}", "m", f"w{i}:1", max_batch=args.max_batch)
+            self.sched.update_worker(report, now=0.0)
+        self.now = 0.0
+        self.count = 0
+        self.outstanding: deque[str] = deque()
+        capacity = sum(w.admission_limit or w.max_batch for w in self.sched.workers())
+        for _ in range(capacity + args.queued):
+            self.sched.submit(self.request(), now=self.now)
+        self.outstanding.extend(d.request_id for d in self.sched.dispatch(self.now))
+
+    def request(self) -> QueuedRequest:
+        self.count += 1
+        self.now += 0.001
+        session = f"s{self.rng.randrange(self.sessions)}"
+        meta = AppMetadata("bench", session, f"agent{self.rng.randrange(4)}")
+        prompt = self.rng.randint(200, 6000)
+        return QueuedRequest(f"r{self.count}", "t", "m", self.now, prompt, 256, meta)
+
+    def free_one(self) -> None:
+        if self.outstanding:
+            self.sched.complete(self.outstanding.popleft(), now=self.now)
+
+    def decide(self) -> tuple[float, int]:
+        """One timed decision: (seconds, placements made)."""
+        request = self.request()
+        started = time.perf_counter()
+        self.sched.submit(request, now=self.now)
+        decisions = self.sched.dispatch(self.now)
+        elapsed = time.perf_counter() - started
+        self.outstanding.extend(d.request_id for d in decisions)
+        return elapsed, len(decisions)
+
+
+@BENCHMARKS.register("decision-cost")
+class DecisionCost:
+    help = "time of one scheduling decision (submit + dispatch) with 10,000 queued, per preset (goal p99 <= 1 ms)"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--presets", default="", help="comma-separated; default every registered preset")
+        parser.add_argument("--queued", type=int, default=10_000, help="requests waiting in the global queue")
+        parser.add_argument("--workers", type=int, default=64)
+        parser.add_argument("--max-batch", type=int, default=8, help="each worker's max_batch")
+        parser.add_argument("--sessions", type=int, default=2_500, help="programs the requests belong to")
+        parser.add_argument("--decisions", type=int, default=300, help="timed decisions per preset")
+        parser.add_argument("--warmup", type=int, default=20, help="untimed decisions first")
+        parser.add_argument("--seed", type=int, default=0)
+        parser.add_argument("--profile", action="store_true", help="cProfile the presets that miss the goal")
+        parser.add_argument("--quick", action="store_true", help="1,000 queued, 50 decisions")
+
+    def run(self, args: argparse.Namespace) -> BenchResult:
+        if args.quick:
+            args.queued, args.decisions, args.warmup = 1_000, 50, 5
+        presets = [p for p in args.presets.split(",") if p] or PRESETS.names()
+        rows: list[list[Any]] = []
+        notes: list[str] = []
+        for preset in presets:
+            times, placed, queue = self._measure(preset, args)
+            p50, p99 = percentile(times, 50) * 1e3, percentile(times, 99) * 1e3
+            progress(f"{preset}: p50 {p50:.3f} ms, p99 {p99:.3f} ms (queue {queue})")
+            rows.append([preset, p50, p99, max(times) * 1e3, sum(placed) / len(placed), queue,
+                         "yes" if p99 <= GOAL_P99_MS else "no"])  # fmt: skip
+            if args.profile and p99 > GOAL_P99_MS:
+                notes.append(f"{preset}: cProfile of {args.decisions} decisions, top 12 by own time:\n"
+                             + self._profiled(preset, args))  # fmt: skip
+        met = [r[0] for r in rows if r[-1] == "yes"]
+        summary: dict[str, Any] = {
+            "goal": f"p99 <= {GOAL_P99_MS} ms per decision with {args.queued:,} queued and {args.workers} workers",
+            "presets meeting the goal": f"{len(met)} of {len(rows)}",
+            "worst p99 (ms)": max(r[2] for r in rows),
+        }
+        return BenchResult(
+            name="decision-cost",
+            columns=["preset", "p50 ms", "p99 ms", "max ms", "placed/decision", "queue after", "p99 ≤ 1 ms"],
+            rows=rows,
+            summary=summary,
+            notes=notes,
+            params={k: v for k, v in vars(args).items() if k not in ("func", "out_dir")},
+        )
+
+    @staticmethod
+    def _measure(preset: str, args: argparse.Namespace) -> tuple[list[float], list[int], int]:
+        load = _Load(preset, args)
+        times: list[float] = []
+        placed: list[int] = []
+        # The set-up's objects (and whatever the benchmark process imported) go to the permanent
+        # generation, as a service would freeze its start-up heap: otherwise one full collection
+        # over them lands in a decision and the p99 measures the process, not the scheduler.
+        gc.collect()
+        gc.freeze()
+        try:
+            for i in range(args.warmup + args.decisions):
+                load.free_one()
+                elapsed, count = load.decide()
+                if i >= args.warmup:
+                    times.append(elapsed)
+                    placed.append(count)
+        finally:
+            gc.unfreeze()
+        return times, placed, sum(load.sched.queue_depths().values())
+
+    @staticmethod
+    def _profiled(preset: str, args: argparse.Namespace) -> str:
+        load = _Load(preset, args)
+        profiler = cProfile.Profile()
+        for _ in range(args.decisions):
+            load.free_one()
+            profiler.enable()
+            load.decide()
+            profiler.disable()
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(12)
+        return text.getvalue()
