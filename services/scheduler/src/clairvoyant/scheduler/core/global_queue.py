@@ -19,6 +19,7 @@ implements ``SchedulerAware`` (below) may also read the live queue depths and pl
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -204,11 +205,14 @@ class GlobalScheduler:
                 w.model == model and w.has_room and not w.draining for w in self._workers.values()
             ):
                 continue  # nothing can move: skip ranking a long queue
-            ranked = sorted(
-                ((self.priority_policy.priority(r, now), r) for r in queue.values()),
-                key=lambda pr: (-pr[0], pr[1].arrival_time),
-            )
-            for priority, request in ranked:
+            # Highest priority first, then earliest arrival, then queue order: a heap, popped only
+            # as far as placements go (usually a few of a long queue), instead of a full sort.
+            priority_of = self.priority_policy.priority
+            ranked = [(-priority_of(r, now), r.arrival_time, i, r) for i, r in enumerate(queue.values())]
+            heapq.heapify(ranked)
+            while ranked:
+                negated, _, _, request = heapq.heappop(ranked)
+                priority = -negated
                 workers = list(self._workers.values())
                 worker_id = self.routing_policy.route(request, workers, now)
                 if worker_id is None:
