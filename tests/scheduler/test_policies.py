@@ -104,3 +104,70 @@ def test_every_preset_respects_capacity_and_places_each_request_once(preset: str
         placed += outstanding
         sched.check_integrity()
     assert sorted(placed) == sorted(submitted)  # each exactly once
+
+
+class _Ranked:
+    """A fixed priority that does not say so: the scheduler re-ranks the whole queue every time."""
+
+    def __init__(self, values: dict[str, float]) -> None:
+        self.values = values
+
+    def priority(self, request: QueuedRequest, now: float) -> float:
+        return self.values.get(request.request_id, 0.0)
+
+
+class _Fixed(_Ranked):
+    def priority_is_fixed(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_fixed_priority_heap_dispatches_exactly_as_re_ranking(seed: int) -> None:
+    """Submits (some with equal arrival times and priorities), cancels, re-submissions of a
+    cancelled id and completions: the same decisions, in the same order."""
+    rng = random.Random(seed)
+    priorities = {f"r{i}": float(rng.choice([0, 0, 1, 2, -1])) for i in range(300)}
+    schedulers = [
+        GlobalScheduler(policy, build_policies("least-loaded")[1], max_queue_per_model=1000)
+        for policy in (_Ranked(priorities), _Fixed(priorities))
+    ]
+    logs: list[list[tuple[str, str, float]]] = [[], []]
+    actions = []
+    now, queued, placed = 0.0, [], []
+    for step in range(300):
+        now += rng.choice([0.0, 0.5, 1.0])  # equal arrival times happen
+        roll = rng.random()
+        if roll < 0.55:
+            actions.append(("submit", f"r{step}", rng.choice(["a", "b"]), now))
+            queued.append(f"r{step}")
+        elif roll < 0.65 and queued:
+            rid = queued.pop(rng.randrange(len(queued)))
+            actions.append(("cancel", rid, "", now))
+            if rng.random() < 0.5:  # the same id comes back, later
+                actions.append(("submit", rid, "a", now))
+                queued.append(rid)
+        elif placed:
+            actions.append(("complete", placed.pop(rng.randrange(len(placed))), "", now))
+        actions.append(("dispatch", "", "", now))
+        # Both schedulers see the same actions; placements are tracked from the first one.
+        for index, sched in enumerate(schedulers):
+            for kind, rid, model, at in actions:
+                if kind == "submit":
+                    if not sched.workers():
+                        for w in range(3):
+                            sched.update_worker(WorkerReport(f"w{w}", "a" if w < 2 else "b", "x", max_batch=2), at)
+                    sched.submit(QueuedRequest(rid, "t", model, at), now=at)
+                elif kind == "cancel":
+                    sched.cancel(rid)
+                elif kind == "complete":
+                    sched.complete(rid)
+                else:
+                    decisions = sched.dispatch(at)
+                    logs[index] += [(d.request_id, d.worker.worker_id, d.base_priority) for d in decisions]
+                    if index == 0:
+                        for d in decisions:
+                            queued.remove(d.request_id)
+                            placed.append(d.request_id)
+                sched.check_integrity()
+        actions.clear()
+    assert logs[0] == logs[1] and len(logs[0]) > 50

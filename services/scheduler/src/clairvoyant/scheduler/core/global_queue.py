@@ -28,6 +28,7 @@ from clairvoyant.core.errors import InvalidRequest, NoWorkers, QueueFull
 from clairvoyant.scheduler.core.policies import (
     EngineQueued,
     EngineRanked,
+    FixedPriority,
     LocalRule,
     PriorityPolicy,
     ProgramAware,
@@ -94,6 +95,11 @@ class GlobalScheduler:
         self._operator_drained: set[str] = set()  # survives a worker's expiry and return
         self._placements: dict[str, _Placement] = {}  # request id -> placement
         self._agent_models: dict[tuple[str, str], str] = {}  # (workflow type, agent) -> latest model
+        # Fixed priorities (``FixedPriority``): per model, a heap of (-priority, arrival, submission
+        # number, request) built at submit; entries of requests no longer queued are skipped.
+        self._fixed = isinstance(priority, FixedPriority) and priority.priority_is_fixed()
+        self._heaps: dict[str, list[tuple[float, float, int, QueuedRequest]]] = {}
+        self._submitted = 0
         self.programs = ProcessTable(program_idle_ttl_s)
         for policy in (priority, routing):
             if isinstance(policy, ProgramAware):
@@ -133,6 +139,15 @@ class GlobalScheduler:
         self.complete(request.request_id)
         queue[request.request_id] = request
         self.programs.on_submit(request, now)
+        if self._fixed:
+            self._submitted += 1
+            heap = self._heaps.setdefault(request.model, [])
+            heapq.heappush(
+                heap, (-self.priority_policy.priority(request, now), request.arrival_time, self._submitted, request)
+            )
+            if len(heap) > 2 * len(queue) + 64:  # cancelled requests' entries: drop them
+                heap[:] = [entry for entry in heap if queue.get(entry[3].request_id) is entry[3]]
+                heapq.heapify(heap)
         if request.app_metadata is not None:
             meta = request.app_metadata
             self._agent_models[(meta.workflow_type_id, meta.agent_id)] = request.model
@@ -207,18 +222,25 @@ class GlobalScheduler:
                 continue  # nothing can move: skip ranking a long queue
             # Highest priority first, then earliest arrival, then queue order: a heap, popped only
             # as far as placements go (usually a few of a long queue), instead of a full sort.
-            priority_of = self.priority_policy.priority
-            ranked = [(-priority_of(r, now), r.arrival_time, i, r) for i, r in enumerate(queue.values())]
-            heapq.heapify(ranked)
+            if self._fixed:
+                ranked = self._heaps.setdefault(model, [])
+            else:
+                priority_of = self.priority_policy.priority
+                ranked = [(-priority_of(r, now), r.arrival_time, i, r) for i, r in enumerate(queue.values())]
+                heapq.heapify(ranked)
             while ranked:
-                negated, _, _, request = heapq.heappop(ranked)
+                negated, _, _, request = ranked[0]
+                if queue.get(request.request_id) is not request:
+                    heapq.heappop(ranked)  # cancelled or re-submitted since: a stale entry
+                    continue
                 priority = -negated
                 workers = list(self._workers.values())
                 worker_id = self.routing_policy.route(request, workers, now)
                 if worker_id is None:
-                    break
+                    break  # it stays at the top of a fixed-priority heap
                 if worker_id not in {w.worker_id for w in eligible_workers(request, workers)}:
                     raise RuntimeError(f"routing policy chose ineligible worker {worker_id!r}")
+                heapq.heappop(ranked)
                 del queue[request.request_id]
                 worker = self._workers[worker_id]
                 worker = self._workers[worker_id] = dataclasses.replace(worker, placed=worker.placed + 1)

@@ -12,7 +12,9 @@ scheduler checks with isinstance (so no preset is special-cased anywhere):
 - ``EngineQueued.engine_queue_factor()``: a routing policy that hands calls to the engines' own
   queues (they order and preempt them) may hold up to factor x max_batch placements per worker;
 - ``EngineRanked.engine_rule()``: a priority policy with an engine-side counterpart (demotion,
-  anti-starvation) gives a fresh rule per engine; engines that take rules install it.
+  anti-starvation) gives a fresh rule per engine; engines that take rules install it;
+- ``FixedPriority.priority_is_fixed()``: a priority policy whose value for a request never changes
+  while it waits lets the scheduler rank it once, at submit, and keep each queue as a heap.
 """
 
 from __future__ import annotations
@@ -46,6 +48,16 @@ class RoutingPolicy(Protocol):
         when the scheduler is about to place the request: a policy that keeps state (a cursor)
         may assume a returned id is used.
         """
+        ...
+
+
+@runtime_checkable
+class FixedPriority(Protocol):
+    def priority_is_fixed(self) -> bool:
+        """True when ``priority(request, now)`` is the same at every ``now`` from the request's
+        submission until it is placed, whatever else happens meanwhile.  The scheduler then
+        evaluates it once, at submit, and dispatch pops a heap instead of ranking the whole queue
+        (the order is the same: priority, arrival time, submission order)."""
         ...
 
 
@@ -137,6 +149,9 @@ class FcfsPriority:
 
     def priority(self, request: QueuedRequest, now: float) -> float:
         return 0.0
+
+    def priority_is_fixed(self) -> bool:
+        return True
 
 
 @ROUTING_POLICIES.register("round-robin")
