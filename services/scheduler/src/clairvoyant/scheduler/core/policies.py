@@ -33,7 +33,8 @@ class PriorityPolicy(Protocol):
 
         The scheduler orders each model's queue by priority (descending), then arrival time
         (ascending), then submission order, and re-evaluates it on every dispatch, so the value may
-        depend on ``now`` (aging).  The value of the winning evaluation is sent to the worker as the
+        depend on ``now`` (aging); a policy whose values cannot change says so with ``FixedPriority``
+        and is evaluated once, at submit.  The value of the winning evaluation is sent to the worker as the
         base priority.  Must be cheap, deterministic and side-effect free.
         """
         ...
