@@ -29,7 +29,8 @@ class TopoDepthPriority:
       know without the profiler; ``expected_remaining_steps`` is deliberately not used, so the
       baseline needs no annotations.
     - A call's depth is fixed the first time it is ranked (every call is ranked before it is
-      placed, so its children find it); calls outside any program have depth 0.
+      placed, so its children find it; with ``FixedPriority`` that is at submit); calls outside
+      any program have depth 0.
     - Depths of programs that left the process table are forgotten lazily.
     """
 
@@ -57,6 +58,11 @@ class TopoDepthPriority:
 
     def priority(self, request: QueuedRequest, now: float) -> float:
         return float(self.depth(request))
+
+    def priority_is_fixed(self) -> bool:
+        """A depth is fixed the first time it is computed (at submit), and its parents were
+        submitted, so ranked, before it: the scheduler may keep the queue as a heap."""
+        return True
 
     def _forget_ended(self) -> None:
         table = self.programs
