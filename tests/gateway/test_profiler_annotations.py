@@ -142,12 +142,15 @@ async def test_annotations_reach_scheduler_and_worker_and_are_echoed(
             echo_annotations=True,
         )
         echoed = await stub.ChatCompletion(request)
+        chunks = [chunk async for chunk in stub.ChatCompletionStream(request)]  # echoed on the last chunk
         request.echo_annotations = False
         plain = await stub.ChatCompletion(request)
     assert echoed.annotations == PREDICTION and not plain.HasField("annotations")
-    assert len(profiler.servicer.calls) == 3
-    assert [c.annotations == PREDICTION for c in stack.scheduler.schedule_calls] == [True] * 3
-    assert [c.annotations == PREDICTION for c in stack.worker.calls] == [True] * 3
+    assert chunks[-1].annotations == PREDICTION and chunks[-1].finish_reason
+    assert not any(c.HasField("annotations") for c in chunks[:-1])
+    assert len(profiler.servicer.calls) == 4
+    assert [c.annotations == PREDICTION for c in stack.scheduler.schedule_calls] == [True] * 4
+    assert [c.annotations == PREDICTION for c in stack.worker.calls] == [True] * 4
     assert increase(before) == {}  # all were annotated
 
 

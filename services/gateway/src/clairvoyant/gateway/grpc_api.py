@@ -123,6 +123,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             )
             if request.include_usage:
                 last.usage.CopyFrom(generation.usage.to_proto())
+            if request.echo_annotations:
+                last.annotations.CopyFrom(generation.annotations or common_pb2.SysAnnotations())
             await context.write(last)
             status = "OK"
         except ClairvoyantError as err:
