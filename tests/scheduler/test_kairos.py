@@ -344,3 +344,29 @@ def test_fig7_like_example_orders_the_policies_strictly() -> None:
     completions = [sum(c.values()) for _, c in results.values()]
     assert waits == [12, 9, 7, 6]  # FCFS > topology depth > Kairos rank > oracle
     assert completions == [23, 20, 18, 17]  # average completion 7.67 > 6.67 > 6 > 5.67
+
+
+def test_heartbeats_feed_the_preemption_suspension_through_the_scheduler() -> None:
+    """The scheduler hands every heartbeat to the routing policy (WorkerObserver): a rise in a
+    worker's preemption count suspends it while it holds placements."""
+    sched = GlobalScheduler.from_preset("kairos")
+    router = sched.routing_policy
+    assert isinstance(router, KairosTimeSlotRouting)
+
+    def beat(worker_id: str, preemptions: int, now: float) -> None:
+        report = WorkerReport(worker_id, "m", "x", max_batch=4, kv_blocks_total=1000, preemptions_total=preemptions)
+        sched.update_worker(report, now)
+
+    beat("w0", 2, 0.0)
+    beat("w1", 0, 0.0)
+    sched.submit(QueuedRequest("a", "t", "m", 0.0, prompt_tokens=16, max_tokens=4), 0.0)
+    (placed,) = sched.dispatch(0.0)
+    busy = placed.worker.worker_id
+    beat(busy, 2 if busy == "w0" else 0, 1.0)  # no rise: nothing happens
+    assert not router.suspended(sched._workers[busy], 1.0)
+    beat(busy, 7, 1.1)  # a rise: suspended for suspend_s
+    assert router.suspended(sched._workers[busy], 1.1 + router.config.suspend_s - 1e-6)
+    assert not router.suspended(sched._workers[busy], 1.1 + router.config.suspend_s)
+    sched.submit(QueuedRequest("b", "t", "m", 1.2, prompt_tokens=16, max_tokens=4), 1.2)
+    (second,) = sched.dispatch(1.2)
+    assert second.worker.worker_id != busy

@@ -94,7 +94,7 @@ class _Replica:
             worker_id=self.worker_id, model=self.model, address=f"sim://{self.worker_id}",
             max_batch=stats.max_num_seqs, running=stats.running, queued=stats.waiting,
             kv_blocks_used=used, kv_blocks_total=stats.kv_blocks_total,
-            max_model_len=self.runner.info.max_model_len,
+            max_model_len=self.runner.info.max_model_len, preemptions_total=stats.preemptions_total,
         )  # fmt: skip
 
 

@@ -33,6 +33,7 @@ from clairvoyant.scheduler.core.policies import (
     PriorityPolicy,
     ProgramAware,
     RoutingPolicy,
+    WorkerObserver,
     build_policies,
     eligible_workers,
 )
@@ -274,6 +275,8 @@ class GlobalScheduler:
             admission_limit=self._admission_limit(report.max_batch),
         )
         self._workers[report.worker_id] = view
+        if isinstance(self.routing_policy, WorkerObserver):
+            self.routing_policy.observe_worker(report, now)
         return view
 
     def drain(self, worker_id: str, drain: bool = True) -> bool:

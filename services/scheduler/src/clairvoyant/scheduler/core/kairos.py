@@ -28,7 +28,7 @@ from clairvoyant.scheduler.core.policies import (
     eligible_workers,
 )
 from clairvoyant.scheduler.core.process_table import ProcessTable, ProgramKey, program_key
-from clairvoyant.scheduler.core.types import QueuedRequest, WorkerView
+from clairvoyant.scheduler.core.types import QueuedRequest, WorkerReport, WorkerView
 
 # One rank step outweighs any difference in workflow start: starts are core-time seconds, and a
 # live scheduler's monotonic clock stays below 1e9 s (31 years).  At rank 100 the float still
@@ -227,6 +227,10 @@ class KairosTimeSlotRouting:
         self.programs = table
 
     # ---- what a caller may report ---------------------------------------------------------------
+
+    def observe_worker(self, report: WorkerReport, now: float) -> None:
+        """Every heartbeat (``WorkerObserver``): its preemption count feeds the OOM suspension."""
+        self.report_preemptions(report.worker_id, report.preemptions_total, now)
 
     def report_preemptions(self, worker_id: str, preemptions_total: int, now: float) -> bool:
         """The worker's cumulative preemption count (WorkerStats.preemptions_total).  A rise means

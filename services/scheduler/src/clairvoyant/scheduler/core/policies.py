@@ -14,7 +14,9 @@ scheduler checks with isinstance (so no preset is special-cased anywhere):
 - ``EngineRanked.engine_rule()``: a priority policy with an engine-side counterpart (demotion,
   anti-starvation) gives a fresh rule per engine; engines that take rules install it;
 - ``FixedPriority.priority_is_fixed()``: a priority policy whose value for a request never changes
-  while it waits lets the scheduler rank it once, at submit, and keep each queue as a heap.
+  while it waits lets the scheduler rank it once, at submit, and keep each queue as a heap;
+- ``WorkerObserver.observe_worker(report, now)``: a routing policy sees every heartbeat as it
+  arrives (e.g. a rise in a worker's preemption count).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 
 from clairvoyant.core.registry import Registry
 from clairvoyant.scheduler.core.process_table import ProcessTable
-from clairvoyant.scheduler.core.types import QueuedRequest, WorkerView
+from clairvoyant.scheduler.core.types import QueuedRequest, WorkerReport, WorkerView
 
 
 class PriorityPolicy(Protocol):
@@ -59,6 +61,13 @@ class FixedPriority(Protocol):
         submission until it is placed, whatever else happens meanwhile.  The scheduler then
         evaluates it once, at submit, and dispatch pops a heap instead of ranking the whole queue
         (the order is the same: priority, arrival time, submission order)."""
+        ...
+
+
+@runtime_checkable
+class WorkerObserver(Protocol):
+    def observe_worker(self, report: WorkerReport, now: float) -> None:
+        """Called with every worker report the scheduler receives, after it has recorded it."""
         ...
 
 

@@ -42,6 +42,7 @@ class WorkerReport:
     max_model_len: int = 0
     draining: bool = False  # the worker itself is shutting down
     heartbeat_interval_s: float = 0.0  # 0: unknown, the core's default applies
+    preemptions_total: int = 0  # cumulative, since the worker started
 
     @classmethod
     def from_proto(cls, stats: worker_pb2.WorkerStats) -> WorkerReport:
@@ -58,6 +59,7 @@ class WorkerReport:
             max_model_len=stats.max_model_len,
             draining=stats.draining,
             heartbeat_interval_s=stats.heartbeat_interval_s,
+            preemptions_total=stats.preemptions_total,
         )
 
 
