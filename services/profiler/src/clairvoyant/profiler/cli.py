@@ -89,7 +89,9 @@ def show(
     from clairvoyant.profiler.show import draw_automaton, print_profile
 
     console = Console()
-    repository = ProfileRepository(database_url or _settings().database_url)
+    settings = _settings()
+    # Log entries not yet in a snapshot are replayed with the service's learning settings.
+    repository = ProfileRepository(database_url or settings.database_url, config=settings.profile_config())
     try:
         profile = repository.load(tenant, workflow_type)
         known = [p.workflow_type_id for p in repository.list(tenant)] if profile is None else []
