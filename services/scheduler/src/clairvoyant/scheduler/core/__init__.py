@@ -6,6 +6,7 @@ The simulator imports this package directly.  Importing it registers every built
 from clairvoyant.scheduler.core import baselines as baselines  # registers the industry baseline presets
 from clairvoyant.scheduler.core import kairos as kairos  # registers the kairos preset
 from clairvoyant.scheduler.core import pythia as pythia  # registers the pythia preset
+from clairvoyant.scheduler.core import saga as saga  # registers the saga preset
 from clairvoyant.scheduler.core import topo as topo  # registers the topo-depth preset
 from clairvoyant.scheduler.core.autellix import KQueueConfig, KQueuePriority, KQueueRule
 from clairvoyant.scheduler.core.global_queue import GlobalScheduler

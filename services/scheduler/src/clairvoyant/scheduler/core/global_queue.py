@@ -13,7 +13,8 @@ Alongside, the process table (process_table.py) follows each program (tenant, wo
 submit opens its entry and records the call, a completion reported with its time adds the call's
 service, and an idle or ended program is dropped.  Policies that implement the optional hooks of
 policies.py read it, queue at the engines, or hand the engines a rule of their own.  A policy that
-implements ``SchedulerAware`` (below) may also read the live queue depths and placements (Pythia).
+implements ``SchedulerAware`` (below) may also read the live queue depths and placements (Pythia),
+and a routing policy that implements ``Rebalancing`` re-pins queued calls before each dispatch (SAGA).
 """
 
 from __future__ import annotations
@@ -54,8 +55,17 @@ from clairvoyant.scheduler.core.types import (
 class SchedulerAware(Protocol):
     def bind_scheduler(self, scheduler: GlobalScheduler) -> None:
         """Called once by the scheduler that the policy serves.  The policy may keep it and call its
-        read-only methods (``queue_depth``, ``placed_requests``, ``agent_model``, ``workers``), never
-        the ones that change it."""
+        read-only methods (``queue_depth``, ``queued_requests``, ``placed_requests``, ``agent_model``,
+        ``workers``), never the ones that change it."""
+        ...
+
+
+@runtime_checkable
+class Rebalancing(Protocol):
+    def rebalance(self, now: float) -> None:
+        """Called at the start of every ``dispatch``, before anything is ranked or placed.  A routing
+        policy may move queued calls between workers here by rewriting the pins it owns
+        (``Program.engine_id``); it must not change the scheduler (SAGA's work stealing)."""
         ...
 
 
@@ -110,6 +120,7 @@ class GlobalScheduler:
         self.engine_queue_factor = routing.engine_queue_factor() if isinstance(routing, EngineQueued) else 1.0
         if self.engine_queue_factor < 1:
             raise ValueError("engine_queue_factor must be at least 1")
+        self._rebalancing = routing if isinstance(routing, Rebalancing) else None
 
     @classmethod
     def from_preset(cls, preset: str, **options: Any) -> GlobalScheduler:
@@ -215,6 +226,8 @@ class GlobalScheduler:
         request could be placed; skipping ahead would let small or unconstrained requests starve
         the head of the queue, and priority order is the contract the policies are written for.
         """
+        if self._rebalancing is not None:
+            self._rebalancing.rebalance(now)
         decisions: list[Decision] = []
         for model, queue in self._queues.items():
             if not queue or not any(
@@ -328,6 +341,12 @@ class GlobalScheduler:
     def queue_depth(self, model: str) -> int:
         """Requests waiting in ``model``'s global queue."""
         return len(self._queues.get(model, ()))
+
+    def queued_requests(self, model: str | None = None) -> list[QueuedRequest]:
+        """The requests waiting in ``model``'s global queue (every model's when None), in
+        submission order."""
+        queues = self._queues.values() if model is None else [self._queues.get(model, {})]
+        return [request for queue in queues for request in queue.values()]
 
     def placed_requests(self, worker_id: str) -> list[QueuedRequest]:
         """The requests holding a placement on ``worker_id``, in placement order."""
