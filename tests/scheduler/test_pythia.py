@@ -253,3 +253,12 @@ def test_aging_adds_the_rate_times_the_seconds_since_the_engine_first_ranked_the
     assert rule.effective_priority(old, 40.0) == pytest.approx(0.55)
     assert rule.effective_priority(new, 40.0) == 0.5  # the old call now outranks the newer one
     assert GlobalScheduler.from_preset("pythia").engine_rule() is not None
+
+
+def test_capacity_uses_the_block_size_the_worker_reports() -> None:
+    router = PythiaCapacityRouting()
+    sched = GlobalScheduler(PythiaPriority(), router)
+    sched.update_worker(WorkerReport("w64", "m", "x", max_batch=4, kv_blocks_total=10, block_size=64), 0.0)
+    sched.update_worker(WorkerReport("w?", "m", "x", max_batch=4, kv_blocks_total=10), 0.0)
+    capacity = {w.worker_id: router.load(w).capacity_tokens for w in sched.workers()}
+    assert capacity == {"w64": 640, "w?": 160}  # unreported: the configured 16 tokens a block

@@ -95,6 +95,7 @@ class _Replica:
             max_batch=stats.max_num_seqs, running=stats.running, queued=stats.waiting,
             kv_blocks_used=used, kv_blocks_total=stats.kv_blocks_total,
             max_model_len=self.runner.info.max_model_len, preemptions_total=stats.preemptions_total,
+            block_size=self.engine.config.block_size,
         )  # fmt: skip
 
 

@@ -286,6 +286,7 @@ class GlobalScheduler:
             last_heartbeat=now,
             heartbeat_interval_s=report.heartbeat_interval_s or self.default_heartbeat_interval_s,
             admission_limit=self._admission_limit(report.max_batch),
+            block_size=report.block_size,
         )
         self._workers[report.worker_id] = view
         if isinstance(self.routing_policy, WorkerObserver):

@@ -110,8 +110,8 @@ class TimeSlotConfig:
     slot_s: slot length; the paper's empirical choice is 0.5 s (§6 step 1).
     decode_tokens_per_s: v_r of Eq. 1, the KV growth of one decoding call, which the paper takes
       from hardware profiling; ours is a single estimate for every instance.
-    block_size: tokens per KV block, to turn a worker's kv_blocks_total into tokens (the worker
-      view carries no block size; the engine's default is 16).
+    block_size: tokens per KV block, to turn a worker's kv_blocks_total into tokens when the worker
+      reports no block size (the engine's default is 16).
     default_output_tokens: the output length assumed when a call has neither a prediction nor
       max_tokens.
     suspend_s: how long an instance gets no new call after it reported preemptions.
@@ -271,7 +271,7 @@ class KairosTimeSlotRouting:
         peak = max(slots)
         if worker.kv_blocks_total <= 0:
             return True, peak
-        capacity = worker.kv_blocks_total * self.config.block_size
+        capacity = worker.kv_blocks_total * (worker.block_size or self.config.block_size)
         spanned = slots[: plan.span(booking)]
         alone = booking.prompt_tokens + booking.output_tokens > capacity
         return (not bookings if alone else max(spanned) <= capacity), peak

@@ -65,8 +65,8 @@ def trusted_annotations(request: QueuedRequest) -> common_pb2.SysAnnotations | N
 class PythiaRoutingConfig:
     epsilon: float = 0.5  # ε: the bound on a node's P_oom (ours; the paper gives no value)
     alpha: float = 0.01  # α_i of a p99 bound: P(L_i > u_i) ≤ 0.01 (the paper's example)
-    # Tokens per KV block: C = kv_blocks_total × block_size.  Workers report blocks, not their
-    # size; 16 is the engines' default.
+    # Tokens per KV block: C = kv_blocks_total × block_size, with the worker's reported block size;
+    # this one only for a worker that reports none (16 is the engines' default).
     block_size: int = 16
 
 
@@ -131,7 +131,7 @@ class PythiaCapacityRouting:
         self._programs = table
 
     def load(self, worker: WorkerView) -> NodeLoad:
-        capacity = worker.kv_blocks_total * self.config.block_size if worker.kv_blocks_total else math.inf
+        capacity = worker.kv_blocks_total * (worker.block_size or self.config.block_size) if worker.kv_blocks_total else math.inf
         active = self._scheduler.placed_requests(worker.worker_id) if self._scheduler is not None else []
         bounds = [length_bound(r, worker.max_model_len, self.config.alpha) for r in active]
         return NodeLoad(

@@ -43,6 +43,7 @@ class WorkerReport:
     draining: bool = False  # the worker itself is shutting down
     heartbeat_interval_s: float = 0.0  # 0: unknown, the core's default applies
     preemptions_total: int = 0  # cumulative, since the worker started
+    block_size: int = 0  # tokens per KV block; 0 = not reported
 
     @classmethod
     def from_proto(cls, stats: worker_pb2.WorkerStats) -> WorkerReport:
@@ -60,6 +61,7 @@ class WorkerReport:
             draining=stats.draining,
             heartbeat_interval_s=stats.heartbeat_interval_s,
             preemptions_total=stats.preemptions_total,
+            block_size=stats.block_size,
         )
 
 
@@ -84,6 +86,7 @@ class WorkerView:
     # Placements this scheduler may hold on the worker; 0 = max_batch.  Above max_batch only for
     # presets whose calls queue at the engine (its local scheduler orders and preempts them).
     admission_limit: int = 0
+    block_size: int = 0  # tokens per KV block as the worker reports it; 0 = not reported
 
     @property
     def has_room(self) -> bool:
