@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-import uuid
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,6 +26,7 @@ from clairvoyant.profiler.persistence import (
     ProfileRow,
     ProfileSnapshot,
     make_engine,
+    scratch_schema,
     upgrade,
 )
 from tests.profiler.test_service_records import EPOCH, completion_records, reference_store, small_config
@@ -42,17 +42,8 @@ def database(request: pytest.FixtureRequest, tmp_path: Path, postgres_url: str |
         return
     if postgres_url is None:
         pytest.skip("no PostgreSQL (set CV_TEST_DATABASE_URL)")
-    schema = f"profiler_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(postgres_url)
-    with admin.begin() as conn:
-        conn.execute(sa.text(f"CREATE SCHEMA {schema}"))
-    separator = "&" if "?" in postgres_url else "?"
-    try:
-        yield f"{postgres_url}{separator}options=-csearch_path%3D{schema}"
-    finally:
-        with admin.begin() as conn:
-            conn.execute(sa.text(f"DROP SCHEMA {schema} CASCADE"))
-        admin.dispose()
+    with scratch_schema(postgres_url) as url:
+        yield url
 
 
 def trained_store() -> ProfileStore:

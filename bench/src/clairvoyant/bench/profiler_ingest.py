@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import nats
-import sqlalchemy as sa
 
 from clairvoyant.bench.common import BENCHMARKS, BenchResult, progress
 from clairvoyant.contracts.v1 import common_pb2
@@ -41,7 +40,7 @@ from clairvoyant.core.natsserver import NatsServer
 from clairvoyant.profiler import convert
 from clairvoyant.profiler.config import ProfilerSettings
 from clairvoyant.profiler.core import ProfileStore, WorkflowProfile
-from clairvoyant.profiler.persistence import ProfileRepository, ProfileSnapshot
+from clairvoyant.profiler.persistence import ProfileRepository, ProfileSnapshot, scratch_schema
 from clairvoyant.profiler.service import ProfilerService
 
 TENANT = "bench"
@@ -119,17 +118,8 @@ def database(kind: str, postgres_url: str | None, workdir: Path) -> Iterator[str
         yield f"sqlite:///{workdir / f'profiler-{uuid.uuid4().hex[:8]}.db'}"
         return
     assert postgres_url is not None
-    schema = f"bench_profiler_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(postgres_url)
-    with admin.begin() as conn:
-        conn.execute(sa.text(f"CREATE SCHEMA {schema}"))
-    separator = "&" if "?" in postgres_url else "?"
-    try:
-        yield f"{postgres_url}{separator}options=-csearch_path%3D{schema}"
-    finally:
-        with admin.begin() as conn:
-            conn.execute(sa.text(f"DROP SCHEMA {schema} CASCADE"))
-        admin.dispose()
+    with scratch_schema(postgres_url, prefix="bench_profiler") as url:
+        yield url
 
 
 async def service_run(

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Sequence
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -49,6 +51,7 @@ from sqlalchemy import (
     event,
     func,
     select,
+    text,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
@@ -193,6 +196,23 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
         config.attributes["connection"] = connection  # env.py migrates on this connection
         command.upgrade(config, revision)
 
+
+
+@contextmanager
+def scratch_schema(postgres_url: str, prefix: str = "profiler") -> Iterator[str]:
+    """A PostgreSQL URL whose search path is a fresh, empty schema, dropped on exit (tests and
+    benchmarks: a private set of profiler tables in a shared database)."""
+    schema = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(postgres_url)
+    with admin.begin() as conn:
+        conn.execute(text(f"CREATE SCHEMA {schema}"))
+    separator = "&" if "?" in postgres_url else "?"
+    try:
+        yield f"{postgres_url}{separator}options=-csearch_path%3D{schema}"
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
+        admin.dispose()
 
 class ProfileRepository:
     """The log and the snapshots.  ``append`` and ``save`` each write in one transaction or not at all.
