@@ -103,32 +103,50 @@ class ApplyDirectivesResponse(_message.Message):
     def __init__(self, applied: _Optional[int] = ...) -> None: ...
 
 class ExportKVRequest(_message.Message):
-    __slots__ = ("request_id",)
+    __slots__ = ("request_id", "tenant", "workflow_id", "token_ids", "model")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     request_id: str
-    def __init__(self, request_id: _Optional[str] = ...) -> None: ...
+    tenant: str
+    workflow_id: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    model: str
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., workflow_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., model: _Optional[str] = ...) -> None: ...
 
 class KVChunk(_message.Message):
-    __slots__ = ("request_id", "layer", "token_ids", "data", "dtype", "shape")
+    __slots__ = ("request_id", "layer", "token_ids", "data", "dtype", "shape", "model", "tenant", "workflow_id", "num_layers")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     LAYER_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     layer: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     data: bytes
     dtype: str
     shape: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, request_id: _Optional[str] = ..., layer: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
+    model: str
+    tenant: str
+    workflow_id: str
+    num_layers: int
+    def __init__(self, request_id: _Optional[str] = ..., layer: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., model: _Optional[str] = ..., tenant: _Optional[str] = ..., workflow_id: _Optional[str] = ..., num_layers: _Optional[int] = ...) -> None: ...
 
 class ImportKVResponse(_message.Message):
-    __slots__ = ("tokens",)
+    __slots__ = ("tokens", "imported_tokens")
     TOKENS_FIELD_NUMBER: _ClassVar[int]
+    IMPORTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     tokens: int
-    def __init__(self, tokens: _Optional[int] = ...) -> None: ...
+    imported_tokens: int
+    def __init__(self, tokens: _Optional[int] = ..., imported_tokens: _Optional[int] = ...) -> None: ...
 
 class WorkerStatsRequest(_message.Message):
     __slots__ = ()

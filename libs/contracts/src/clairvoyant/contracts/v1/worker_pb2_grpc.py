@@ -92,13 +92,18 @@ class WorkerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ExportKV(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Streams the KV of a cached prefix, one chunk per layer; the blocks stay cached here (a copy).
+        NOT_FOUND when nothing of it is cached, INVALID_ARGUMENT for another model.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ImportKV(self, request_iterator, context):
-        """Missing associated documentation comment in .proto file."""
+        """Inserts a streamed prefix into this worker's prefix cache, so that a later request with that
+        prefix hits.  All or nothing: INVALID_ARGUMENT for another model, a wrong layout or a stream
+        that ends before its last layer, RESOURCE_EXHAUSTED when the KV pool has no room.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
