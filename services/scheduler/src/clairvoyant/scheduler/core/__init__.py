@@ -4,6 +4,7 @@ The simulator imports this package directly.  Importing it registers every built
 """
 
 from clairvoyant.scheduler.core import baselines as baselines  # registers the industry baseline presets
+from clairvoyant.scheduler.core import clairvoyant as clairvoyant  # registers the clairvoyant preset
 from clairvoyant.scheduler.core import kairos as kairos  # registers the kairos preset
 from clairvoyant.scheduler.core import pythia as pythia  # registers the pythia preset
 from clairvoyant.scheduler.core import saga as saga  # registers the saga preset

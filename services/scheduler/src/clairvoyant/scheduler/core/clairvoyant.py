@@ -1,0 +1,148 @@
+"""Clairvoyant's own preset: Pythia's lookahead, with what the other seeds do better.
+
+    submit ──> ClairvoyantPriority, fixed at submit                ──> ClairvoyantRouting
+               ω × S_completion (Pythia Alg. 3, first term)              Kairos §6 time-slot fit
+               − aging × the program's start (Kairos §5.2 order,         (memory: no call placed where
+                 Autellix-style bounded waiting)                          its KV growth would overflow)
+                                                                         + SAGA §5.1 session affinity
+    engine ──> PythiaAgingRule (Pythia §4.2.2)                            under load 0.8
+
+Each part, and what it replaces, is chosen by a measurement in docs/scheduling.md ("clairvoyant"):
+
+- Priority.  Pythia's completion score S = 1 / (1 + E[remaining steps]) ranks calls of workflows
+  near their end first.  Inside equal scores, the program that started first goes first (Kairos
+  §5.2; Continuum's program-level FCFS): a program that has started keeps its KV warm and
+  finishes, instead of all programs advancing in lock-step and evicting each other.  Both terms
+  are one number, ω × S − aging × start, because ``p + aging × (now − start)`` orders requests
+  exactly as ``p − aging × start`` does (the ``aging × now`` term is common to all): so the
+  aging that bounds every request's wait is free, and the priority never changes while the
+  request waits (``FixedPriority``: the queue is a heap, a decision costs O(log n)).  A request
+  of a program started at t0 is overtaken only by requests of programs started before
+  t0 + ω / aging (S ≤ 1), so its wait is bounded by the work of those programs.
+- Pythia's second term (downstream idle risk) is left out: it depends on live queue depths, so it
+  would make every decision re-rank the queue, and its measured effect is within noise
+  (docs/scheduling.md).
+- Routing.  Kairos' time-slot packing decides whether a call fits (it tracks each call's
+  expected KV growth over 0.5 s slots, where Pythia's Alg. 2 reserves every call's p99 bound for
+  its whole life and, with ε, caps the calls per node); among the workers it fits, the call's
+  session worker wins while its expected peak stays under 0.8 of its KV (SAGA §5.1's load
+  threshold), else the lowest expected peak (Kairos §6).
+- Unannotated requests (no profile yet, or an untrusted one) get S = 0 and keep the start order,
+  so before the profiler converges the preset is program-level FCFS with memory-aware placement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from clairvoyant.scheduler.core.kairos import KairosTimeSlotRouting, TimeSlotConfig, _StartTimes
+from clairvoyant.scheduler.core.policies import (
+    PRESETS,
+    PRIORITY_POLICIES,
+    ROUTING_POLICIES,
+    LocalRule,
+    SchedulerPreset,
+    eligible_workers,
+)
+from clairvoyant.scheduler.core.process_table import ProcessTable
+from clairvoyant.scheduler.core.pythia import PythiaAgingRule, completion_score, trusted_annotations
+from clairvoyant.scheduler.core.types import QueuedRequest, WorkerView
+
+
+@dataclass(frozen=True, slots=True)
+class ClairvoyantPriorityConfig:
+    completion_weight: float = 1.0  # ω: weight of Pythia's S_completion (in (0, 1])
+    # Priority per second of program age: S = 1 weighs as much as a program 100 s older.
+    aging_rate: float = 0.01
+    engine_aging_rate: float = 0.01  # the engine's aging (PythiaAgingRule), per second there
+
+    def __post_init__(self) -> None:
+        if self.completion_weight < 0 or self.aging_rate <= 0 or self.engine_aging_rate < 0:
+            raise ValueError("completion_weight >= 0, aging_rate > 0 and engine_aging_rate >= 0")
+
+
+@PRIORITY_POLICIES.register("clairvoyant")
+class ClairvoyantPriority:
+    """ω × S_completion − aging × program start; see the module docstring.
+
+    S_completion is Pythia's (``pythia.completion_score``) from trusted annotations, 0 otherwise.
+    The program start is the arrival of the program's first call the policy saw (as Kairos'
+    ``_StartTimes``); a call of no program starts its own.
+    """
+
+    def __init__(self, config: ClairvoyantPriorityConfig | None = None) -> None:
+        self.config = config or ClairvoyantPriorityConfig()
+        self._starts = _StartTimes()
+
+    def bind_programs(self, table: ProcessTable) -> None:
+        self._starts.programs = table
+
+    def priority(self, request: QueuedRequest, now: float) -> float:
+        score = completion_score(trusted_annotations(request))
+        return self.config.completion_weight * score - self.config.aging_rate * self._starts.start_of(request)
+
+    def priority_is_fixed(self) -> bool:
+        return True
+
+    def engine_rule(self) -> LocalRule:
+        return PythiaAgingRule(self.config.engine_aging_rate)
+
+
+@dataclass(frozen=True, slots=True)
+class ClairvoyantRoutingConfig:
+    slots: TimeSlotConfig = TimeSlotConfig()
+    affinity_load: float = 0.8  # SAGA §5.1: stay on the session's worker below this expected peak / KV
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.affinity_load <= 1.0:
+            raise ValueError("affinity_load must be in (0, 1]")
+
+
+@ROUTING_POLICIES.register("clairvoyant")
+class ClairvoyantRouting(KairosTimeSlotRouting):
+    """Kairos' time-slot fit (§6) with SAGA's session affinity (§5.1) as the first choice.
+
+    Among the eligible, unsuspended workers the call fits (``KairosTimeSlotRouting.fit``): the
+    session's worker (``Program.engine_id``) when its expected peak with the call is below
+    ``affinity_load`` × its KV capacity; otherwise the lowest expected peak, then the smaller id.
+    The chosen worker becomes the session's worker.  None fits: the call waits.
+    """
+
+    def __init__(self, config: ClairvoyantRoutingConfig | None = None) -> None:
+        self.routing_config = config or ClairvoyantRoutingConfig()
+        super().__init__(self.routing_config.slots)
+
+    def route(self, request: QueuedRequest, workers: Sequence[WorkerView], now: float) -> str | None:
+        self._forget_missing(workers)
+        program = self.programs.of(request) if self.programs is not None else None
+        pin = program.engine_id if program is not None else None
+        booking = self.booking_for(request, now)
+        best: tuple[bool, float, str] | None = None  # (not affine, peak, id): smallest wins
+        for worker in eligible_workers(request, workers):
+            self._reconcile(worker)
+            if self.suspended(worker, now):
+                continue
+            available, peak = self.fit(worker, booking, now)
+            if not available:
+                continue
+            affine = worker.worker_id == pin and peak < self.routing_config.affinity_load * self.capacity(worker)
+            key = (not affine, peak, worker.worker_id)
+            if best is None or key < best:
+                best = key
+        if best is None:
+            return None
+        chosen = best[2]
+        self._bookings.setdefault(chosen, []).append(booking)
+        if program is not None:
+            program.engine_id = chosen
+        return chosen
+
+    def capacity(self, worker: WorkerView) -> float:
+        """KV capacity in tokens (infinite when the worker reports no pool)."""
+        if worker.kv_blocks_total <= 0:
+            return float("inf")
+        return float(worker.kv_blocks_total * (worker.block_size or self.config.block_size))
+
+
+PRESETS.register("clairvoyant")(lambda: SchedulerPreset("clairvoyant", "clairvoyant"))
