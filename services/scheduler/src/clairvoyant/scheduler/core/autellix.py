@@ -25,6 +25,8 @@ from clairvoyant.scheduler.core.policies import (
     ROUTING_POLICIES,
     EngineSequence,
     LocalRule,
+    PriorityChanges,
+    ProgramRows,
     SchedulerPreset,
     eligible_workers,
 )
@@ -47,8 +49,20 @@ class _ProgramPolicy:
         self.programs = table
 
 
+class _ProgramPriority(_ProgramPolicy):
+    """A priority that reads only the call and its program's entry (``IncrementalPriority``): a
+    completion re-keys one program's queued calls, not the whole queue."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._rows = ProgramRows()
+
+    def priority_changes(self, now: float) -> PriorityChanges:
+        return self._rows.changes(self.programs)
+
+
 @PRIORITY_POLICIES.register("plas")
-class PlasPriority(_ProgramPolicy):
+class PlasPriority(_ProgramPriority):
     """PLAS, §4.2.1 Eq. 1: priority = -(total service of the program's completed calls).
 
     Read as: service is the model execution time each completion reports (Alg. 1 line 4), summed
@@ -63,7 +77,7 @@ class PlasPriority(_ProgramPolicy):
 
 
 @PRIORITY_POLICIES.register("atlas")
-class AtlasPriority(_ProgramPolicy):
+class AtlasPriority(_ProgramPriority):
     """ATLAS, §4.2.1 Eq. 2: priority = -p(c), p(c) = max over parents of p(parent) + t(parent).
 
     Read as: parents are the call's app_metadata.parent_request_ids that completed in the same
@@ -213,6 +227,10 @@ class KQueuePriority(AtlasPriority):
         if not self.atlas:
             return 0.0
         return -float(self.config.queue_of(self.programs.atlas_priority(request)))
+
+    def priority_is_fixed(self) -> bool:
+        """Without ATLAS every call is in Q_1 (``FixedPriority``: the queue is a heap from submit)."""
+        return not self.atlas
 
     def engine_rule(self) -> LocalRule:
         return KQueueRule(self.config, self.programs)

@@ -21,10 +21,12 @@ from clairvoyant.scheduler.core.policies import (
     PRESETS,
     PRIORITY_POLICIES,
     ROUTING_POLICIES,
+    PriorityChanges,
+    ProgramRows,
     SchedulerPreset,
     eligible_workers,
 )
-from clairvoyant.scheduler.core.process_table import ProcessTable, ProgramKey, program_key
+from clairvoyant.scheduler.core.process_table import ProcessTable, program_key
 from clairvoyant.scheduler.core.types import QueuedRequest, WorkerView
 
 # Placements per worker, x max_batch, before calls wait in the global queue.  Ours: the real
@@ -281,32 +283,24 @@ class ProgramFcfsPriority(_ProgramPolicy):
     arrival of the job they belong to).  Priority = -(first arrival of the program); a call of no
     program ranks by its own arrival.  Ties: arrival, then submission (the scheduler's order).
 
-    The first arrival is remembered here (the process table keeps the last one): the earliest
-    arrival seen among the program's calls ranked so far, and since every call is ranked while it
-    is queued, that is the program's first.  An entry is forgotten once its program has left the
-    process table (ended or idle), checked when the memo outgrows the table; a program that comes
-    back after that starts afresh.
+    The first arrival is the process table's ``Program.first_arrival``: the earliest arrival of a
+    call submitted to the program's entry, which outlives its calls' completions and goes with the
+    entry (a program that ended or idled out and comes back starts afresh).  A call whose entry
+    is gone while it waits (``end_workflow``) ranks by its own arrival.  The value reads only the
+    call and its program's entry, so only the programs an update touched are re-ranked
+    (``IncrementalPriority``).
     """
 
     def __init__(self) -> None:
         super().__init__()
-        self._first_arrival: dict[ProgramKey, float] = {}
+        self._rows = ProgramRows()
 
     def priority(self, request: QueuedRequest, now: float) -> float:
-        meta = request.app_metadata
-        if meta is None:
-            return -request.arrival_time
-        key = (request.tenant, meta.workflow_id)
-        first = self._first_arrival.get(key)
-        if first is None or request.arrival_time < first:
-            first = self._first_arrival[key] = request.arrival_time
-            if len(self._first_arrival) > 2 * len(self.programs) + 64:
-                self._forget_ended()
-        return -first
+        program = self.programs.get(program_key(request))
+        return -request.arrival_time if program is None else -min(program.first_arrival, request.arrival_time)
 
-    def _forget_ended(self) -> None:
-        for key in [k for k in self._first_arrival if self.programs.get(k) is None]:
-            del self._first_arrival[key]
+    def priority_changes(self, now: float) -> PriorityChanges:
+        return self._rows.changes(self.programs)
 
 
 PRESETS.register("vllm-prodstack")(lambda: SchedulerPreset("fcfs", "session-affinity"))

@@ -30,6 +30,7 @@ from clairvoyant.scheduler.core.policies import (
     EngineQueued,
     EngineRanked,
     FixedPriority,
+    IncrementalPriority,
     LocalRule,
     PriorityPolicy,
     ProgramAware,
@@ -38,7 +39,7 @@ from clairvoyant.scheduler.core.policies import (
     build_policies,
     eligible_workers,
 )
-from clairvoyant.scheduler.core.process_table import ProcessTable, ProgramKey
+from clairvoyant.scheduler.core.process_table import ProcessTable, ProgramKey, program_key
 from clairvoyant.scheduler.core.types import (
     Completion,
     Decision,
@@ -67,6 +68,9 @@ class Rebalancing(Protocol):
         policy may move queued calls between workers here by rewriting the pins it owns
         (``Program.engine_id``); it must not change the scheduler (SAGA's work stealing)."""
         ...
+
+
+_Entry = tuple[float, float, int, QueuedRequest]  # (-priority, arrival time, submission number, request)
 
 
 class _Placement(NamedTuple):
@@ -109,8 +113,17 @@ class GlobalScheduler:
         # Fixed priorities (``FixedPriority``): per model, a heap of (-priority, arrival, submission
         # number, request) built at submit; entries of requests no longer queued are skipped.
         self._fixed = isinstance(priority, FixedPriority) and priority.priority_is_fixed()
-        self._heaps: dict[str, list[tuple[float, float, int, QueuedRequest]]] = {}
+        self._heaps: dict[str, list[_Entry]] = {}
         self._submitted = 0
+        # Incremental priorities (``IncrementalPriority``): per model a heap too, whose live entry
+        # for each queued request is ``_entries[id]`` (others are stale and skipped); a request is
+        # (re-)evaluated at its model's next ranking when it is new or named by priority_changes.
+        self._incremental = priority if not self._fixed and isinstance(priority, IncrementalPriority) else None
+        self._entries: dict[str, _Entry] = {}
+        self._order: dict[str, int] = {}  # queued request id -> submission number
+        self._to_evaluate: dict[str, dict[str, None]] = {}  # model -> ids, an ordered set
+        self._evaluate_all: set[str] = set()  # models whose every queued request is to evaluate
+        self._queued_by_program: dict[ProgramKey, dict[str, str]] = {}  # program -> id -> model
         self.programs = ProcessTable(program_idle_ttl_s)
         for policy in (priority, routing):
             if isinstance(policy, ProgramAware):
@@ -160,6 +173,13 @@ class GlobalScheduler:
             if len(heap) > 2 * len(queue) + 64:  # cancelled requests' entries: drop them
                 heap[:] = [entry for entry in heap if queue.get(entry[3].request_id) is entry[3]]
                 heapq.heapify(heap)
+        elif self._incremental is not None:
+            self._submitted += 1
+            self._order[request.request_id] = self._submitted
+            self._to_evaluate.setdefault(request.model, {})[request.request_id] = None
+            key = program_key(request)
+            if key is not None:
+                self._queued_by_program.setdefault(key, {})[request.request_id] = request.model
         if request.app_metadata is not None:
             meta = request.app_metadata
             self._agent_models[(meta.workflow_type_id, meta.agent_id)] = request.model
@@ -169,7 +189,9 @@ class GlobalScheduler:
         queue = next((q for q in self._queues.values() if request_id in q), None)
         if queue is None:
             return False
-        self.programs.on_cancel(queue.pop(request_id))
+        request = queue.pop(request_id)
+        self._unqueued(request)
+        self.programs.on_cancel(request)
         return True
 
     def complete(
@@ -238,14 +260,20 @@ class GlobalScheduler:
             # as far as placements go (usually a few of a long queue), instead of a full sort.
             if self._fixed:
                 ranked = self._heaps.setdefault(model, [])
+            elif self._incremental is not None:
+                ranked = self._rank_incrementally(model, queue, now)
             else:
                 priority_of = self.priority_policy.priority
                 ranked = [(-priority_of(r, now), r.arrival_time, i, r) for i, r in enumerate(queue.values())]
                 heapq.heapify(ranked)
+            live = self._entries if self._incremental is not None else None
             while ranked:
-                negated, _, _, request = ranked[0]
-                if queue.get(request.request_id) is not request:
-                    heapq.heappop(ranked)  # cancelled or re-submitted since: a stale entry
+                top = ranked[0]
+                negated, _, _, request = top
+                if queue.get(request.request_id) is not request or (
+                    live is not None and live.get(request.request_id) is not top
+                ):
+                    heapq.heappop(ranked)  # cancelled, re-submitted or re-keyed since: a stale entry
                     continue
                 priority = -negated
                 workers = list(self._workers.values())
@@ -256,11 +284,64 @@ class GlobalScheduler:
                     raise RuntimeError(f"routing policy chose ineligible worker {worker_id!r}")
                 heapq.heappop(ranked)
                 del queue[request.request_id]
+                self._unqueued(request)
                 worker = self._workers[worker_id]
                 worker = self._workers[worker_id] = dataclasses.replace(worker, placed=worker.placed + 1)
                 self._placements[request.request_id] = _Placement(worker_id, request, now)
                 decisions.append(Decision(request.request_id, worker, priority, now - request.arrival_time))
         return decisions
+
+    def _rank_incrementally(self, model: str, queue: dict[str, QueuedRequest], now: float) -> list[_Entry]:
+        """``model``'s heap with every live entry's key equal to the priority at ``now``: asks the
+        policy what changed, then evaluates only those requests and the ones submitted since."""
+        assert self._incremental is not None
+        changes = self._incremental.priority_changes(now)
+        if changes.everything:
+            self._evaluate_all.update(self._queues)
+        for key in changes.programs:
+            for rid, program_model in self._queued_by_program.get(key, {}).items():
+                self._to_evaluate.setdefault(program_model, {})[rid] = None
+        for rid in changes.requests:
+            held_model = next((m for m, q in self._queues.items() if rid in q), None)
+            if held_model is not None:
+                self._to_evaluate.setdefault(held_model, {})[rid] = None
+        heap = self._heaps.setdefault(model, [])
+        priority_of = self.priority_policy.priority
+        if model in self._evaluate_all:
+            self._evaluate_all.discard(model)
+            self._to_evaluate.pop(model, None)
+            heap[:] = []
+            for rid, request in queue.items():
+                entry = self._entries[rid] = (-priority_of(request, now), request.arrival_time, self._order[rid], request)
+                heap.append(entry)
+            heapq.heapify(heap)
+            return heap
+        for rid in self._to_evaluate.pop(model, {}):
+            request = queue[rid]
+            negated = -priority_of(request, now)
+            held = self._entries.get(rid)
+            if held is None or held[0] != negated:
+                entry = self._entries[rid] = (negated, request.arrival_time, self._order[rid], request)
+                heapq.heappush(heap, entry)
+        if len(heap) > 2 * len(queue) + 64:  # re-keyed and placed requests' entries: drop them
+            heap[:] = [self._entries[rid] for rid in queue]
+            heapq.heapify(heap)
+        return heap
+
+    def _unqueued(self, request: QueuedRequest) -> None:
+        """``request`` left its queue (placed, cancelled or rejected): forget its ranking state."""
+        if self._incremental is None:
+            return
+        rid = request.request_id
+        self._entries.pop(rid, None)
+        self._order.pop(rid, None)
+        self._to_evaluate.get(request.model, {}).pop(rid, None)
+        key = program_key(request)
+        held = self._queued_by_program.get(key) if key is not None else None
+        if held is not None:
+            held.pop(rid, None)
+            if not held:
+                del self._queued_by_program[key]  # type: ignore[arg-type]
 
     # ---- workers --------------------------------------------------------------------------------
 
@@ -325,7 +406,9 @@ class GlobalScheduler:
             queue = self._queues.get(worker.model, {})
             rejected = tuple(rid for rid, r in queue.items() if not self._can_ever_serve(r))
             for rid in rejected:
-                self.programs.on_cancel(queue.pop(rid))
+                request = queue.pop(rid)
+                self._unqueued(request)
+                self.programs.on_cancel(request)
             expired.append(ExpiredWorker(worker.worker_id, worker.model, failed, rejected))
         return expired
 
@@ -383,7 +466,24 @@ class GlobalScheduler:
             assert len(queue) <= self.max_queue_per_model, f"queue {model} over capacity"
             for rid, request in queue.items():
                 assert request.model == model and rid not in self._placements, f"{rid} queued twice"
+        if self._incremental is not None:
+            self._check_incremental()
         self.programs.check_integrity()
+
+    def _check_incremental(self) -> None:
+        queued = {rid: r for q in self._queues.values() for rid, r in q.items()}
+        assert set(self._order) == set(queued), "submission numbers drifted"
+        assert set(self._entries) <= set(queued), "an entry of a request no longer queued"
+        by_program = {(k, rid) for k, held in self._queued_by_program.items() for rid in held}
+        expected = {(k, rid) for rid, r in queued.items() if (k := program_key(r)) is not None}
+        assert by_program == expected, "program index drifted"
+        for model, queue in self._queues.items():
+            heap_ids = {id(entry) for entry in self._heaps.get(model, ())}
+            pending = self._to_evaluate.get(model, {})
+            for rid in queue:
+                if model in self._evaluate_all or rid in pending:
+                    continue
+                assert id(self._entries[rid]) in heap_ids, f"{rid}: neither ranked nor to evaluate"
 
     def _admission_limit(self, max_batch: int) -> int:
         return 0 if self.engine_queue_factor == 1 else math.ceil(max_batch * self.engine_queue_factor)

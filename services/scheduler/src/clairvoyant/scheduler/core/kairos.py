@@ -24,6 +24,8 @@ from clairvoyant.scheduler.core.policies import (
     PRESETS,
     PRIORITY_POLICIES,
     ROUTING_POLICIES,
+    PriorityChanges,
+    ProgramRows,
     SchedulerPreset,
     eligible_workers,
 )
@@ -37,34 +39,24 @@ RANK_SPAN_S = 1e9
 
 
 class _StartTimes:
-    """The start time of each program, as the first of its calls that the policy saw.
+    """The start time of each program: the arrival of its first call, the process table's
+    ``Program.first_arrival`` (it outlives the calls' completions and goes with the entry).
 
-    The process table lists a program's active calls with their arrival times, and every call
-    that completed was ranked before it was placed, so min(seen, active arrivals) is the arrival
-    of the program's first call.  Entries of programs that left the table are pruned lazily.
+    A call outside any program, or whose entry is gone (not bound to a table, or the program
+    ended while the call waits), is its own workflow: its own arrival.  The value reads only the
+    call and its program's entry (``changes``: the programs an update touched).
     """
 
     def __init__(self) -> None:
         self.programs: ProcessTable | None = None
-        self._start: dict[ProgramKey, float] = {}
+        self._rows = ProgramRows()
 
     def start_of(self, request: QueuedRequest) -> float:
-        key = program_key(request)
-        if key is None:
-            return request.arrival_time  # outside any workflow: the call is its own workflow
-        start = min(self._start.get(key, math.inf), request.arrival_time)
-        program = self.programs.get(key) if self.programs is not None else None
-        if program is not None and program.active:
-            start = min(start, min(program.active.values()))
-        if (
-            key not in self._start
-            and self.programs is not None
-            and len(self._start) > 2 * len(self.programs) + 64
-        ):
-            table = self.programs
-            self._start = {k: v for k, v in self._start.items() if table.get(k) is not None}
-        self._start[key] = start
-        return start
+        program = self.programs.get(program_key(request)) if self.programs is not None else None
+        return request.arrival_time if program is None else min(program.first_arrival, request.arrival_time)
+
+    def changes(self) -> PriorityChanges:
+        return self._rows.changes(self.programs)
 
 
 @PRIORITY_POLICIES.register("kairos")
@@ -101,6 +93,10 @@ class KairosPriority:
             return 0.0
         rank = max(0.0, annotations.kairos_rank)
         return -((rank + 1.0) * RANK_SPAN_S + self._starts.start_of(request))
+
+    def priority_changes(self, now: float) -> PriorityChanges:
+        """The rank is the call's; the start, its program's entry (``IncrementalPriority``)."""
+        return self._starts.changes()
 
 
 @dataclass(frozen=True)

@@ -15,17 +15,21 @@ scheduler checks with isinstance (so no preset is special-cased anywhere):
   anti-starvation) gives a fresh rule per engine; engines that take rules install it;
 - ``FixedPriority.priority_is_fixed()``: a priority policy whose value for a request never changes
   while it waits lets the scheduler rank it once, at submit, and keep each queue as a heap;
+- ``IncrementalPriority.priority_changes(now)``: a priority policy whose values change only with
+  known events (its program's entry in the process table, an epoch, a model's idle state) names
+  the requests those events touched; the scheduler keeps each queue as a heap and re-evaluates
+  only those (``ProgramRows`` does it for a priority that reads only the program's entry);
 - ``WorkerObserver.observe_worker(report, now)``: a routing policy sees every heartbeat as it
   arrives (e.g. a rise in a worker's preemption count).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from clairvoyant.core.registry import Registry
-from clairvoyant.scheduler.core.process_table import ProcessTable
+from clairvoyant.scheduler.core.process_table import ChangeFeed, ProcessTable, ProgramKey
 from clairvoyant.scheduler.core.types import QueuedRequest, WorkerReport, WorkerView
 
 
@@ -36,8 +40,9 @@ class PriorityPolicy(Protocol):
         The scheduler orders each model's queue by priority (descending), then arrival time
         (ascending), then submission order, and re-evaluates it on every dispatch, so the value may
         depend on ``now`` (aging); a policy whose values cannot change says so with ``FixedPriority``
-        and is evaluated once, at submit.  The value of the winning evaluation is sent to the worker as the
-        base priority.  Must be cheap, deterministic and side-effect free.
+        and is evaluated once, at submit, and one whose values change only with known events says
+        which requests they touch with ``IncrementalPriority``.  The value of the winning
+        evaluation is sent to the worker as the base priority.  Must be cheap and deterministic.
         """
         ...
 
@@ -62,6 +67,45 @@ class FixedPriority(Protocol):
         evaluates it once, at submit, and dispatch pops a heap instead of ranking the whole queue
         (the order is the same: priority, arrival time, submission order)."""
         ...
+
+
+class PriorityChanges(NamedTuple):
+    """The queued requests whose priority may have changed (``IncrementalPriority``)."""
+
+    everything: bool = False  # every queued request
+    programs: Collection[ProgramKey] = ()  # the queued calls of these programs
+    requests: Collection[str] = ()  # these request ids (ids no longer queued are ignored)
+
+
+@runtime_checkable
+class IncrementalPriority(Protocol):
+    def priority_changes(self, now: float) -> PriorityChanges:
+        """The queued requests whose ``priority(request, now)`` may differ from its value at the
+        previous call (at the first call: everything).  The contract: a request not named has,
+        at ``now``, the value it had at the previous call; naming one whose value did not change
+        costs only its re-evaluation.  The scheduler calls this in ``dispatch`` right before it
+        ranks a model's queue, then evaluates the named requests and the ones submitted since
+        (all of them after ``everything``), keeps the others' keys, and pops a heap: the order is
+        the full re-rank's (priority, arrival time, submission order).  The policy may update
+        state it keeps here (an epoch's table), as ``priority`` would at its first evaluation."""
+        ...
+
+
+class ProgramRows:
+    """``priority_changes`` for a priority that reads only the request and its program's entry in
+    the process table (and is the same at every ``now``): the programs whose entry any update
+    touched since the previous call (``ProcessTable.subscribe``)."""
+
+    def __init__(self) -> None:
+        self._table: ProcessTable | None = None
+        self._feed: ChangeFeed | None = None
+
+    def changes(self, table: ProcessTable | None) -> PriorityChanges:
+        if table is not self._table:  # first call, or a new table: nothing is known yet
+            self._table = table
+            self._feed = table.subscribe() if table is not None else None
+            return PriorityChanges(everything=True)
+        return PriorityChanges(programs=self._feed.take()) if self._feed is not None else PriorityChanges()
 
 
 @runtime_checkable

@@ -9,10 +9,15 @@ belong to no program.  The global scheduler keeps the table up to date; policies
     expire ───> entries with no active call, idle for longer than the TTL, are dropped
 
 Pure and clock-free like the rest of the core: every update takes the time it happens at.
+
+A policy whose priority reads only a program's entry can follow the updates instead of re-reading
+every entry: ``subscribe()`` gives a ``ChangeFeed`` that collects the keys of the entries each
+update touches (created, changed or dropped), until the policy ``take``s them.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from clairvoyant.scheduler.core.types import Completion, QueuedRequest
@@ -40,10 +45,29 @@ class Program:
     path_end: dict[str, float] = field(default_factory=dict)  # completed call -> p(c) + t_c
     last_arrival: float = 0.0
     last_completion: float = 0.0
+    first_arrival: float = math.inf  # the earliest arrival_time of a call submitted to this entry
 
     @property
     def last_activity(self) -> float:
         return max(self.last_arrival, self.last_completion)
+
+
+class ChangeFeed:
+    """The keys of the entries touched since the last ``take`` (``ProcessTable.subscribe``).
+
+    Every update the scheduler makes counts (submit, cancel, complete, end, expiry), whether or
+    not the values a given policy reads changed; a routing policy's own writes (``engine_id``)
+    do not."""
+
+    def __init__(self) -> None:
+        self._keys: set[ProgramKey] = set()
+
+    def add(self, key: ProgramKey) -> None:
+        self._keys.add(key)
+
+    def take(self) -> set[ProgramKey]:
+        keys, self._keys = self._keys, set()
+        return keys
 
 
 class ProcessTable:
@@ -52,6 +76,17 @@ class ProcessTable:
         (Autellix tracks the most recent arrival and completion "for stale programs")."""
         self.idle_ttl_s = idle_ttl_s
         self._programs: dict[ProgramKey, Program] = {}
+        self._feeds: list[ChangeFeed] = []
+
+    def subscribe(self) -> ChangeFeed:
+        """A feed of the keys every later update touches; it lives as long as the table."""
+        feed = ChangeFeed()
+        self._feeds.append(feed)
+        return feed
+
+    def _touch(self, key: ProgramKey) -> None:
+        for feed in self._feeds:
+            feed.add(key)
 
     def get(self, key: ProgramKey | None) -> Program | None:
         return None if key is None else self._programs.get(key)
@@ -88,13 +123,16 @@ class ProcessTable:
         ]
         program.call_priority[request.request_id] = max(known) if known else program.critical_path_s
         program.active[request.request_id] = request.arrival_time
+        program.first_arrival = min(program.first_arrival, request.arrival_time)
         program.last_arrival = now
+        self._touch(key)
 
     def on_cancel(self, request: QueuedRequest) -> None:
         program = self.of(request)
         if program is not None:
             program.active.pop(request.request_id, None)
             program.call_priority.pop(request.request_id, None)
+            self._touch(program.key)
 
     def on_complete(self, completion: Completion) -> None:
         """Alg. 1 UPDATE_PROCESS_TABLE; a call flagged workflow_end closes its program."""
@@ -110,13 +148,17 @@ class ProcessTable:
         program.critical_path_s = max(program.critical_path_s, priority + service)
         program.waiting_s += max(0.0, completion.finish_time - arrival - service)
         program.last_completion = completion.finish_time
+        self._touch(program.key)
         meta = request.app_metadata
         if meta is not None and meta.workflow_end and not program.active:
             del self._programs[program.key]
 
     def end(self, key: ProgramKey) -> bool:
         """The program ended (Autellix's end_session).  False if it had no entry."""
-        return self._programs.pop(key, None) is not None
+        if self._programs.pop(key, None) is None:
+            return False
+        self._touch(key)
+        return True
 
     def expire(self, now: float) -> list[ProgramKey]:
         """Drop idle entries: no active call and no activity for more than ``idle_ttl_s``."""
@@ -127,11 +169,13 @@ class ProcessTable:
         ]
         for key in stale:
             del self._programs[key]
+            self._touch(key)
         return stale
 
     def check_integrity(self) -> None:
         for key, program in self._programs.items():
             assert program.key == key
             assert set(program.call_priority) <= set(program.active), f"{key}: priority of an inactive call"
+            assert all(program.first_arrival <= t for t in program.active.values()), f"{key}: first arrival"
             assert program.service_s >= 0 and program.waiting_s >= 0
             assert program.critical_path_s <= program.service_s + 1e-9, f"{key}: path longer than service"

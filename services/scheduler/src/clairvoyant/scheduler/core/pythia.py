@@ -39,6 +39,7 @@ from clairvoyant.scheduler.core.policies import (
     ROUTING_POLICIES,
     EngineSequence,
     LocalRule,
+    PriorityChanges,
     SchedulerPreset,
     eligible_workers,
 )
@@ -191,13 +192,26 @@ class PythiaPriority:
     (``GlobalScheduler.agent_model``; unseen agents add nothing); a model's queue depth is its
     global queue plus the queues its workers report.
 
-    Re-evaluated at every dispatch, like every priority here; the value when placed is the base
-    priority the engine ages (``PythiaAgingRule``).  Untrusted annotations: 0 (see module doc).
+    The value when placed is the base priority the engine ages (``PythiaAgingRule``).  Untrusted
+    annotations: 0 (see module doc).
+
+    Incremental ranking (``IncrementalPriority``), exact: S_completion is fixed per call, and the
+    idle-risk term depends only on one boolean per (workflow type, next agent): "the agent's model
+    is known and below IDLE_THRESHOLD".  Each evaluation records the call under its pairs; at
+    each ranking ``priority_changes`` recomputes every recorded pair's boolean (one pass over the
+    workers for the depths) and names the calls of the pairs whose boolean flipped, e.g. when a
+    model's queue empties or fills, or an agent's calls move to another model.  So the queue is
+    re-ranked only where the full re-rank would give another value.
     """
 
     def __init__(self, config: PythiaPriorityConfig | None = None) -> None:
         self.config = config or PythiaPriorityConfig()
         self._scheduler: GlobalScheduler | None = None
+        # (workflow type, agent) -> its idle-risk boolean as of the last ranking, and the calls
+        # whose value read it (ids of calls no longer queued are pruned now and then).
+        self._at_risk: dict[tuple[str, str], bool] | None = None
+        self._readers: dict[tuple[str, str], dict[str, None]] = {}
+        self._reads = 0
 
     def bind_scheduler(self, scheduler: GlobalScheduler) -> None:
         self._scheduler = scheduler
@@ -212,11 +226,51 @@ class PythiaPriority:
         if annotations is None or request.app_metadata is None or self._scheduler is None:
             return 0.0
         risk = 0.0
+        workflow_type = request.app_metadata.workflow_type_id
         for nxt in annotations.next_agents:
-            model = self._scheduler.agent_model(request.app_metadata.workflow_type_id, nxt.agent_id)
-            if model is not None and self.model_queue_depth(model) < self.config.idle_threshold:
+            pair = (workflow_type, nxt.agent_id)
+            model = self._scheduler.agent_model(*pair)
+            at_risk = model is not None and self.model_queue_depth(model) < self.config.idle_threshold
+            self._record(pair, request.request_id, at_risk)
+            if at_risk:
                 risk += nxt.probability / 1.0  # E[D_a] = 1: a next agent is one step away
         return risk
+
+    def priority_changes(self, now: float) -> PriorityChanges:
+        """The calls whose idle-risk pairs flipped since the previous ranking (class docstring)."""
+        scheduler = self._scheduler
+        if self._at_risk is None or scheduler is None:
+            self._at_risk = {}
+            return PriorityChanges(everything=True)
+        engine_queued: dict[str, int] = {}
+        for worker in scheduler.workers():
+            engine_queued[worker.model] = engine_queued.get(worker.model, 0) + worker.queued
+        changed: list[str] = []
+        for pair, was in self._at_risk.items():
+            model = scheduler.agent_model(*pair)
+            depth = 0 if model is None else scheduler.queue_depth(model) + engine_queued.get(model, 0)
+            now_at_risk = model is not None and depth < self.config.idle_threshold
+            if now_at_risk != was:
+                self._at_risk[pair] = now_at_risk
+                changed += self._readers.get(pair, ())
+        if self._reads > 2 * sum(scheduler.queue_depths().values()) + 64:
+            self._prune(scheduler)
+        return PriorityChanges(requests=changed)
+
+    def _record(self, pair: tuple[str, str], request_id: str, at_risk: bool) -> None:
+        if self._at_risk is None:
+            return  # not ranked incrementally
+        self._at_risk.setdefault(pair, at_risk)
+        readers = self._readers.setdefault(pair, {})
+        if request_id not in readers:
+            readers[request_id] = None
+            self._reads += 1
+
+    def _prune(self, scheduler: GlobalScheduler) -> None:
+        queued = {r.request_id for r in scheduler.queued_requests()}
+        for pair, readers in self._readers.items():
+            self._readers[pair] = {rid: None for rid in readers if rid in queued}
+        self._reads = sum(len(r) for r in self._readers.values())
 
     def priority(self, request: QueuedRequest, now: float) -> float:
         annotations = trusted_annotations(request)

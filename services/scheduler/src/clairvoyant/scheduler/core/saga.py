@@ -30,6 +30,7 @@ from clairvoyant.scheduler.core.policies import (
     PRESETS,
     PRIORITY_POLICIES,
     ROUTING_POLICIES,
+    PriorityChanges,
     SchedulerPreset,
     eligible_workers,
 )
@@ -321,6 +322,11 @@ class AgentFairShare:
     - within a tenant, the scheduler's own order (arrival, then submission) decides;
     - preemption (§6.2 step 4) is the engine's: it preempts the least urgent running call by the
       base priority sent here, immediately, when seats or blocks run out.
+
+    Incremental ranking (``IncrementalPriority``): the values change only when an epoch's
+    recomputation gives a tenant another value; ``priority_changes`` does that recomputation at
+    the ranking where ``priority`` would have (the first in the epoch) and names every queued call
+    when some tenant's value moved, none otherwise.
     """
 
     def __init__(self, config: SagaConfig | None = None) -> None:
@@ -329,16 +335,31 @@ class AgentFairShare:
         self._priorities: dict[str, float] = {}
         self._epoch: int | None = None
         self._scheduler: GlobalScheduler | None = None
+        self._ranked_with: dict[str, float] | None = None  # the values of the previous ranking
 
     def bind_scheduler(self, scheduler: GlobalScheduler) -> None:
         self._scheduler = scheduler
 
     def priority(self, request: QueuedRequest, now: float) -> float:
+        self._enter_epoch(now)
+        return self._priorities.get(request.tenant, 0.0)
+
+    def priority_changes(self, now: float) -> PriorityChanges:
+        self._enter_epoch(now)
+        before, self._ranked_with = self._ranked_with, self._priorities
+        if before is None:
+            return PriorityChanges(everything=True)
+        if before is self._priorities:
+            return PriorityChanges()
+        tenants = before.keys() | self._priorities.keys()
+        moved = any(before.get(t, 0.0) != self._priorities.get(t, 0.0) for t in tenants)
+        return PriorityChanges(everything=moved)
+
+    def _enter_epoch(self, now: float) -> None:
         epoch = epoch_of(now, self.config.epoch_s)
         if epoch != self._epoch:
             self._epoch = epoch
             self._recompute()
-        return self._priorities.get(request.tenant, 0.0)
 
     def _recompute(self) -> None:
         scheduler = self._scheduler
