@@ -193,6 +193,7 @@ class Pipeline:
             sampling=request.sampling.to_proto(),
             tenant=request.tenant,
             base_priority=placement.base_priority,
+            scheduler_preset=placement.preset,
         )
         if request.chat is not None:
             turns = [

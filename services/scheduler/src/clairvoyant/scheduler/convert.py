@@ -31,13 +31,15 @@ def queued_request(msg: scheduler_pb2.ScheduleRequest, now: float) -> QueuedRequ
     )
 
 
-def placement(decision: Decision) -> scheduler_pb2.Placement:
+def placement(decision: Decision, preset: str = "") -> scheduler_pb2.Placement:
+    """``preset``: the scheduler's preset name, which the worker's engine rule follows."""
     return scheduler_pb2.Placement(
         request_id=decision.request_id,
         worker_id=decision.worker_id,
         worker_address=decision.worker.address,
         base_priority=decision.base_priority,
         queue_wait_s=decision.queue_wait_s,
+        preset=preset,
     )
 
 

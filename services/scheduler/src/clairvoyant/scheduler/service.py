@@ -71,7 +71,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 span.set_attribute("cv.base_priority", decision.base_priority)
         if error is not None:
             await abort(context, error)  # outside the span: the abort exception is not a failure of ours
-        return convert.placement(decision)
+        return convert.placement(decision, self.core.policy_name)
 
     async def Complete(
         self, request: scheduler_pb2.CompleteRequest, context: grpc.aio.ServicerContext

@@ -30,6 +30,7 @@ from clairvoyant.worker.engine_loop import AsyncEngine
 from clairvoyant.worker.grpc_api import WorkerServicer
 from clairvoyant.worker.heartbeat import Heartbeat
 from clairvoyant.worker.http_api import create_app
+from clairvoyant.worker.rules import preset_rule
 from clairvoyant.worker.runners.base import ModelRunner, SizesOwnKvPool
 from clairvoyant.worker.runners.emulated import EmulatedRunner
 from clairvoyant.worker.runners.loader import load_runner
@@ -80,13 +81,20 @@ def engine_config(settings: WorkerSettings, runner: ModelRunner) -> EngineConfig
     )
 
 
+def build_engine(runner: ModelRunner, config: EngineConfig) -> LLMEngine:
+    """The engine core; each request's scheduler preset picks its ranking rule (``rules``)."""
+    engine = LLMEngine(runner, config)
+    engine.scheduler.rule_factory = preset_rule
+    return engine
+
+
 async def serve(settings: WorkerSettings) -> None:
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
     logger.info("loading model %s (runner %s)", settings.model, settings.runner)
     runner = RUNNERS.create(settings.runner, settings=settings)
     config = engine_config(settings, runner)
-    engine = AsyncEngine(LLMEngine(runner, config), on_step=record_stats)
+    engine = AsyncEngine(build_engine(runner, config), on_step=record_stats)
     engine.start()
     worker_id = settings.resolved_worker_id()
 

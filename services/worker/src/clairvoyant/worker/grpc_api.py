@@ -78,12 +78,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     sampling,
                     priority=request.base_priority,
                     lineage=lineage(request.tenant, request.app_metadata, request_id),
+                    scheduler_preset=request.scheduler_preset,
                 )
             except ClairvoyantError as err:
                 await abort(context, err)
             except ValueError as exc:
                 await abort(context, InvalidRequest(str(exc), param="sampling"))
             span.set_attribute("cv.prompt_tokens", len(ids))
+            span.set_attribute("cv.base_priority", request.base_priority)
+            span.set_attribute("cv.scheduler_preset", request.scheduler_preset)
             first = True
             start = time.monotonic()
             hasher = SequenceHasher(ids)  # the prompt's chain, hashed while the engine prefills

@@ -93,6 +93,7 @@ class WorkerService:
         *,
         priority: float = 0.0,
         lineage: Lineage | None = None,
+        scheduler_preset: str = "",
     ) -> EngineRequest:
         """Checks the context window, then builds the engine request.  Raises InvalidRequest."""
         if not prompt_ids:
@@ -111,6 +112,7 @@ class WorkerService:
             sampling=sampling,
             priority=priority,
             lineage=lineage,
+            scheduler_preset=scheduler_preset,
         )
 
     def default_max_tokens(self, prompt_len: int) -> int:

@@ -126,6 +126,7 @@ class LLMEngine:
         self._next_seq_id += 1
         self._seqs[req.request_id] = seq
         self._prompt_tokens_total += prompt_len
+        self.scheduler.follow_preset(req.scheduler_preset)
         self.scheduler.add(seq)
 
     def abort_request(self, request_id: str) -> bool:

@@ -14,11 +14,15 @@ prompt + output.  A sequence is only ever preempted for a more urgent one; a dec
 less urgent victim preempts itself.
 
 A ``PriorityRule`` may replace the effective priority (e.g. Autellix's K queues with quanta,
-demotion and anti-starvation); the tie-breaks and everything else stay as they are.
+demotion and anti-starvation); the tie-breaks and everything else stay as they are.  Which rule is
+installed follows the scheduler preset the requests name (``follow_preset``): a ``rule_factory``
+builds each preset's rule once per engine, and a request naming another preset than the installed
+one switches the rule for every live sequence, from the next ``schedule`` on.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -33,6 +37,9 @@ class PriorityRule(Protocol):
         """``seq``'s effective priority at ``now`` (larger = more urgent).  Called for every live
         sequence at every ``schedule``, with ``now`` never decreasing; may keep per-sequence state."""
         ...
+
+
+RuleFactory = Callable[[str], PriorityRule | None]  # preset name -> its rule; None: base priority + aging
 
 
 class ScheduledChunk(NamedTuple):
@@ -60,10 +67,30 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.preemptions_total = 0
         self.rule: PriorityRule | None = None  # None: base priority + aging
+        self.rule_factory: RuleFactory | None = None  # None: requests' presets are ignored
+        self.preset = ""  # the preset whose rule is installed; "" before any request named one
+        self._preset_rules: dict[str, PriorityRule | None] = {}  # built once per preset on this engine
 
     def add(self, seq: Sequence) -> None:
         assert seq.status is SequenceStatus.WAITING and not seq.block_table
         self.waiting.append(seq)
+
+    def follow_preset(self, preset: str) -> bool:
+        """Install ``preset``'s rule if another one is installed; True when the rule changed.
+
+        ``""`` (a caller that names no preset) and a scheduler without ``rule_factory`` change
+        nothing.  The factory runs once per preset: its rule (or None, for a preset without an
+        engine rule or one the factory does not know) is kept, so switching back resumes it with
+        the per-sequence state it had.  Sequences already here are ranked by the new rule from the
+        next ``schedule`` on, as if they had arrived at the switch (a rule first sees them then).
+        """
+        if not preset or preset == self.preset or self.rule_factory is None:
+            return False
+        if preset not in self._preset_rules:
+            self._preset_rules[preset] = self.rule_factory(preset)
+        self.preset = preset
+        self.rule = self._preset_rules[preset]
+        return True
 
     def remove(self, seq: Sequence) -> None:
         """Take ``seq`` out of the queues (finish or abort) and release its blocks."""

@@ -35,6 +35,7 @@ class EngineRequest:
     lineage: Lineage | None = None
     arrival_time: float | None = None  # engine clock time; None = "now" at add_request
     detokenize: bool = True  # False: outputs carry token ids only, no text (the simulator); no stop strings
+    scheduler_preset: str = ""  # the preset that placed it; the engine ranks with its rule ("" keeps the rule)
 
 
 @dataclass
