@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from clairvoyant.bench import experiment
 from clairvoyant.bench.__main__ import main
 from clairvoyant.bench.experiment import ExperimentConfig, build_cluster, compare, instance
+from clairvoyant.bench.sim.annotations import ProfilerAnnotator
 from clairvoyant.bench.sim.simulator import Simulator
 from clairvoyant.bench.workloads import get_workload
 
@@ -101,3 +104,48 @@ def test_fast_forwarded_decode_runs_change_no_record(workload_name: str, concurr
         )  # fmt: skip
 
     assert records(fast_forward=True) == records(fast_forward=False)
+
+
+PROFILED = ExperimentConfig(workload="react_bfcl", gpus=2, workflows=16, concurrency=8, seed=7, block_size=64,
+                            annotations="profiler", warmup_workflows=8)  # fmt: skip
+
+
+def _metrics(result: dict) -> dict:
+    return {p: {k: v for k, v in m.items() if k != "wall_seconds"} for p, m in result.items()}
+
+
+def test_compare_warms_the_profiler_up_once_and_gives_each_preset_the_same_trained_state(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each preset's numbers equal a run of that preset alone with its own warm-up, and do not
+    depend on which presets share the compare or in what order."""
+    warm_ups: list[int] = []
+    real_warm_up = experiment.warm_up
+
+    def counted(*args: object, **kwargs: object) -> object:
+        warm_ups.append(1)
+        return real_warm_up(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(experiment, "warm_up", counted)
+    together = _metrics(compare(PROFILED, ["pythia", "kairos", "fcfs-rr"])["policies"])
+    assert len(warm_ups) == 1
+    alone = {p: _metrics({p: experiment.run_sim(PROFILED, p)})[p] for p in ("pythia", "kairos", "fcfs-rr")}
+    assert len(warm_ups) == 4  # run_sim without a prepared annotator warms up itself
+    assert together == alone
+    reordered = _metrics(compare(PROFILED, ["fcfs-rr", "pythia"])["policies"])
+    assert reordered == {p: together[p] for p in ("fcfs-rr", "pythia")}
+    # The annotations matter here (else the check above would be vacuous): pythia differs from FCFS.
+    assert together["pythia"]["avg_jct_s"] != together["fcfs-rr"]["avg_jct_s"]
+
+
+def test_run_sim_leaves_the_prepared_annotator_untouched() -> None:
+    prepared = experiment.make_annotator(PROFILED)
+    assert isinstance(prepared, ProfilerAnnotator)
+    profile = prepared.store.profiles[("default", "react_bfcl")]
+    learnt, offset = profile.instances, prepared.time_offset
+    assert learnt == PROFILED.warmup_workflows
+    experiment.run_sim(PROFILED, "pythia", prepared)
+    assert (profile.instances, prepared.time_offset) == (learnt, offset)
+    assert experiment.make_annotator(dataclasses.replace(PROFILED, annotations="none")) is None
+    with pytest.raises(ValueError, match="unknown annotations 'psychic'"):
+        experiment.make_annotator(dataclasses.replace(PROFILED, annotations="psychic"))

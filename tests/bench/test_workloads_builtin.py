@@ -18,7 +18,7 @@ from clairvoyant.bench.workloads import (
     get_workload,
     list_workloads,
 )
-from clairvoyant.bench.workloads.registry import BUILTIN_DIR, TRACE_WORKLOADS
+from clairvoyant.bench.workloads.registry import BUILTIN_DIR, MIX_WORKLOADS, TRACE_WORKLOADS
 from clairvoyant.bench.workloads.spec import load_spec
 
 pytestmark = pytest.mark.unit
@@ -68,7 +68,7 @@ def sample(w: Workload, count: int, seed: int = 0) -> list[WorkflowProgram]:
 
 
 def test_every_workload_is_registered() -> None:
-    assert sorted(list_workloads()) == sorted(ALL_WORKLOADS)
+    assert sorted(list_workloads()) == sorted(ALL_WORKLOADS + list(MIX_WORKLOADS))  # mixes: test_workloads_mix.py
     assert sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml")) == sorted(SPEC_WORKLOADS)
     assert set(TRACE_WORKLOADS) <= set(WORKLOADS)
     with pytest.raises(ValueError, match="unknown workload 'nope'"):

@@ -7,6 +7,7 @@ running stack through its gateway (``--mode live``, the policy the stack's sched
         --rate 0.5 --out compare.json
     python -m clairvoyant.bench run --mode live --workload react_bfcl --policy fcfs-rr --gpus 2 \\
         --workflows 16 --concurrency 8 --base-url http://127.0.0.1:8000/v1 --out live.json
+    python -m clairvoyant.bench compare --workload qa_router+report_generate+code_generate ...  # served together
     python -m clairvoyant.bench --list
 """
 
@@ -34,10 +35,20 @@ def listing() -> str:
     return "workloads: " + ", ".join(list_workloads()) + "\npolicies:  " + ", ".join(PRESETS.names())
 
 
+def workload_name(name: str) -> str:
+    """A registered workload, or registered ones joined by ``+`` (served together on one cluster)."""
+    known = set(list_workloads())
+    unknown = [part for part in name.split("+") if part not in known]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown workload {unknown[0]!r}; choose from {sorted(known)} or join them with +")
+    return name
+
+
 def add_parsers(commands: Any) -> None:
     for name, help_text in (("run", "one policy on a workload"), ("compare", "several policies, same instance")):
         sub = commands.add_parser(name, help=help_text, description=help_text)
-        sub.add_argument("--workload", required=True, choices=list_workloads())
+        sub.add_argument("--workload", required=True, type=workload_name,
+                         help="a workload name, or names joined by + to serve them together")
         if name == "run":
             sub.add_argument("--policy", required=True, choices=PRESETS.names())
         else:

@@ -10,11 +10,14 @@ tokens), as a serving operator would size it.
 
 Annotations (``annotations``): none (the default), the profiler core trained on a warm-up instance
 of ``warmup_workflows`` workflows (same workload and arrival process, other seed and ids, run
-under fcfs-rr) and then online, or the generator's ground truth (sim/annotations.py).
+under fcfs-rr) and then online, or the generator's ground truth (sim/annotations.py).  ``compare``
+trains the profiler once and gives every preset its own copy of the trained state, so each preset
+starts from the same profile, as if each had run its own identical warm-up.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from collections.abc import Callable, Mapping
@@ -129,13 +132,27 @@ ANNOTATORS: dict[str, Callable[[Workload, ExperimentConfig, Mapping[str, Service
 }
 
 
-def run_sim(config: ExperimentConfig, policy: str) -> dict[str, Any]:
+def make_annotator(config: ExperimentConfig) -> Annotator | None:
+    """The annotator ``config.annotations`` names, ready for a measured run (the profiler: trained
+    on the warm-up instance)."""
+    if config.annotations not in ANNOTATORS:
+        raise ValueError(f"unknown annotations {config.annotations!r}; choose from {sorted(ANNOTATORS)}")
+    workload = get_workload(config.workload)
+    return ANNOTATORS[config.annotations](workload, config, build_cluster(workload, config)[1])
+
+
+def run_sim(config: ExperimentConfig, policy: str, annotator: Annotator | None = None) -> dict[str, Any]:
+    """One preset on the config's instance.  ``annotator``: a prepared one (``make_annotator``),
+    copied so the caller's stays untouched for the next preset; None: prepare one here."""
     workload = get_workload(config.workload)
     if config.annotations not in ANNOTATORS:
         raise ValueError(f"unknown annotations {config.annotations!r}; choose from {sorted(ANNOTATORS)}")
     replicas, service = build_cluster(workload, config)
     arrivals, backlog = instance(workload, config)
-    annotator = ANNOTATORS[config.annotations](workload, config, service)
+    if annotator is None:
+        annotator = ANNOTATORS[config.annotations](workload, config, service)
+    else:
+        annotator = copy.deepcopy(annotator)
     started = time.perf_counter()
     simulator = Simulator(replicas, policy, seed=config.seed, service_times=service, annotator=annotator)
     records = simulator.run(arrivals, backlog=backlog)
@@ -162,7 +179,8 @@ def compare(
 
         results = run_live(config, policies, live or LiveOptions())
     else:
-        results = {policy: run_sim(config, policy) for policy in policies}
+        prepared = make_annotator(config)
+        results = {policy: run_sim(config, policy, prepared) for policy in policies}
     return {
         "workload": config.workload,
         "mode": mode,

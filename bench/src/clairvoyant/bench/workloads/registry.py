@@ -1,7 +1,8 @@
 """Workloads by name: the built-in specs (``builtin/*.yaml``) and the trace-driven replays.
 
 ``get_workload(name, **options)`` builds one; a path to a YAML/JSON spec works too, for workloads
-users write themselves.  Options: ``models`` (alias -> served name, or one served name for all) for
+users write themselves, and several names joined by ``+`` serve those workloads together (mix.py;
+``kairos_mix`` is Kairos' three applications).  Options: ``models`` (alias -> served name, or one served name for all) for
 every workload; ``data_dir`` and ``max_tool_latency_s`` for the trace-driven ones.
 """
 
@@ -14,10 +15,13 @@ from typing import Any
 from clairvoyant.bench.workloads import traces
 from clairvoyant.bench.workloads.base import Workload
 from clairvoyant.bench.workloads.generator import SpecWorkload
+from clairvoyant.bench.workloads.mix import SEPARATOR, MixWorkload
 from clairvoyant.core.registry import Registry
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
 TRACE_WORKLOADS = ("chatdev", "claude_code")
+# Kairos §2.1.2, §6: its three applications served together on one cluster.
+MIX_WORKLOADS = {"kairos_mix": ("qa_router", "report_generate", "code_generate")}
 
 WORKLOADS: Registry[Workload] = Registry("workload")
 
@@ -48,12 +52,27 @@ WORKLOADS.register("chatdev")(_trace_factory(traces.chatdev))
 WORKLOADS.register("claude_code")(_trace_factory(traces.claude_code))
 
 
+def _mix_factory(name: str, components: tuple[str, ...]) -> Callable[..., Workload]:
+    def build(models: Mapping[str, str] | str | None = None) -> Workload:
+        workload = MixWorkload(name, [WORKLOADS.create(c) for c in components])
+        return workload.with_models(models) if models is not None else workload
+
+    return build
+
+
+for _name, _components in MIX_WORKLOADS.items():
+    WORKLOADS.register(_name)(_mix_factory(_name, _components))
+
+
 def list_workloads() -> list[str]:
     return WORKLOADS.names()
 
 
 def get_workload(name: str, **options: Any) -> Workload:
-    """A registered workload by name, or a spec file by path (``models`` is the only option then)."""
+    """A registered workload by name, a mix of registered ones (``"a+b"``), or a spec file by path
+    (``models`` is the only option for the last two)."""
+    if SEPARATOR in name and name not in WORKLOADS:
+        return _mix_factory(name, tuple(name.split(SEPARATOR)))(**options)
     if name not in WORKLOADS and Path(name).suffix in (".yaml", ".yml", ".json") and Path(name).is_file():
         return _spec_factory(Path(name))(**options)
     return WORKLOADS.create(name, **options)
