@@ -24,7 +24,8 @@ WORKERS = (("w1", "m1"), ("w2", "m1"), ("w3", "m1"), ("w4", "m2"))
 BLOCKS = 64  # x 16 tokens: 1,024 tokens per worker, so a few calls fill one
 
 
-def _request(index: int, draw: st.DrawFn) -> QueuedRequest:
+def _request(index: int, data: st.DataObject) -> QueuedRequest:
+    draw = data.draw
     model = draw(st.sampled_from(MODELS))
     workflow = draw(st.integers(0, 5))
     annotations = None
@@ -77,7 +78,7 @@ def test_no_idle_worker_while_a_call_of_its_model_waits(preset: str, data: st.Da
         now += data.draw(st.sampled_from([0.0, 0.05, 0.3, 2.0]))
         if op == "submit":
             for _ in range(value):
-                request = _request(submitted, data.draw)
+                request = _request(submitted, data)
                 submitted += 1
                 scheduler.submit(_at(request, now), now)
         elif op == "complete" and placed:
