@@ -1,7 +1,7 @@
 """Runs the synchronous engine core on its own thread and exposes it to asyncio.
 
 The engine (``core.engine.LLMEngine``) is single-threaded by contract.  One thread owns it: it
-applies queued commands (add, abort), runs ``step()`` while there is work, and hands each
+applies queued commands (add, abort, a call), runs ``step()`` while there is work, and hands each
 ``RequestOutput`` to the asyncio queue of the request that owns it.  Everything else talks to the
 engine only through this class.
 """
@@ -15,7 +15,7 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 from clairvoyant.worker.core.engine import EngineRequest, EngineStats, LLMEngine, RequestOutput
 
@@ -31,7 +31,18 @@ class _Abort:
     request_id: str
 
 
+@dataclass(frozen=True)
+class _Call:
+    """Run ``fn(engine)`` on the engine thread between two steps and hand back its result."""
+
+    fn: Callable[[LLMEngine], Any]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+
+
 _Item: TypeAlias = RequestOutput | BaseException
+_Command: TypeAlias = _Add | _Abort | _Call
+T = TypeVar("T")
 
 
 class AsyncEngine:
@@ -40,7 +51,7 @@ class AsyncEngine:
     def __init__(self, engine: LLMEngine, on_step: Callable[[EngineStats], None] | None = None) -> None:
         self.engine = engine
         self._on_step = on_step
-        self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[_Command | None] = queue.SimpleQueue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[_Item]]] = {}
         self._lock = threading.Lock()
         self._stats = engine.stats()
@@ -57,6 +68,14 @@ class AsyncEngine:
     def stats(self) -> EngineStats:
         """The stats after the most recent step (safe from any thread)."""
         return self._stats
+
+    async def call(self, fn: Callable[[LLMEngine], T]) -> T:
+        """``fn(engine)``, run on the engine thread between two steps (the engine is not
+        thread-safe); its exception is raised here.  For short work (KV export and import)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._commands.put(_Call(fn, loop, future))
+        return await future
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         """Submit ``request`` and yield its outputs; leaving early aborts it and frees its blocks.
@@ -95,7 +114,10 @@ class AsyncEngine:
             with contextlib.suppress(RuntimeError):  # the loop closed during shutdown
                 loop.call_soon_threadsafe(out.put_nowait, item)
 
-    def _apply(self, command: _Add | _Abort) -> None:
+    def _apply(self, command: _Command) -> None:
+        if isinstance(command, _Call):
+            self._run_call(command)
+            return
         if isinstance(command, _Abort):
             self.engine.abort_request(command.request_id)
             return
@@ -106,7 +128,7 @@ class AsyncEngine:
 
     def _run(self) -> None:
         while True:
-            pending: list[_Add | _Abort | None] = []
+            pending: list[_Command | None] = []
             try:
                 # Idle: sleep until a command arrives.  Busy: just pick up what is already queued.
                 idle = not self.engine.has_unfinished()
@@ -134,6 +156,22 @@ class AsyncEngine:
             self._stats = self.engine.stats()
             if self._on_step is not None:
                 self._on_step(self._stats)
+
+    def _run_call(self, call: _Call) -> None:
+        def settle(outcome: Any, failed: bool) -> None:
+            if call.future.done():  # the caller gave up (cancelled)
+                return
+            if failed:
+                call.future.set_exception(outcome)
+            else:
+                call.future.set_result(outcome)
+
+        try:
+            outcome, failed = call.fn(self.engine), False
+        except Exception as exc:  # the caller's to handle; the engine goes on
+            outcome, failed = exc, True
+        with contextlib.suppress(RuntimeError):  # the loop closed during shutdown
+            call.loop.call_soon_threadsafe(settle, outcome, failed)
 
     def _fail_all(self) -> None:
         with self._lock:

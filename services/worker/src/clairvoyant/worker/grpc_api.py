@@ -14,9 +14,11 @@ from clairvoyant.core.errors import ClairvoyantError, InvalidRequest
 from clairvoyant.core.grpcutil import abort
 from clairvoyant.core.telemetry import extract_context, tracer
 from clairvoyant.worker.block_hashes import SequenceHasher
+from clairvoyant.worker.core.kv_transfer import KvTransferError
 from clairvoyant.worker.core.sampling import SamplingParams
 from clairvoyant.worker.core.sequence import Lineage
 from clairvoyant.worker.heartbeat import Heartbeat
+from clairvoyant.worker.kv_wire import PrefixAssembler
 from clairvoyant.worker.service import PromptInput, WorkerService
 
 logger = logging.getLogger(__name__)
@@ -156,14 +158,47 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def ExportKV(  # noqa: N802
         self, request: worker_pb2.ExportKVRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[worker_pb2.KVChunk]:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "KV export is not supported by this worker yet")
-        yield worker_pb2.KVChunk()  # pragma: no cover - makes this an async generator
+        """The cached prefix of the request's tokens, or of its session, one chunk per layer."""
+        service = self.service
+        if request.model and request.model != service.model_name:
+            wrong = f"this worker serves {service.model_name!r}, not {request.model!r}"
+            await abort(context, InvalidRequest(wrong, param="model"))
+        if not request.token_ids and not request.workflow_id:
+            unnamed = InvalidRequest("name the prefix: token_ids or workflow_id", param="token_ids")
+            await abort(context, unnamed)
+        namespace = request.tenant or "default"  # as Generate's lineage has it
+        prefix = await service.export_kv(
+            namespace, token_ids=list(request.token_ids) or None, workflow_id=request.workflow_id or None
+        )
+        if prefix is None:
+            what = "these tokens" if request.token_ids else f"session {request.workflow_id!r}"
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"nothing of {what} is cached for {namespace!r}")
+        assert prefix is not None
+        logger.info("exporting %d cached tokens (%s)", prefix.num_tokens, request.request_id)
+        for chunk in service.kv_layout.chunks(prefix, request.request_id):
+            yield chunk
 
     async def ImportKV(  # noqa: N802
         self, request_iterator: AsyncIterator[worker_pb2.KVChunk], context: grpc.aio.ServicerContext
     ) -> worker_pb2.ImportKVResponse:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "KV import is not supported by this worker yet")
-        raise AssertionError("unreachable")
+        """Collect the whole stream, check it, then cache the prefix: all or nothing."""
+        assembler = PrefixAssembler(self.service.kv_layout)
+        try:
+            async for chunk in request_iterator:
+                assembler.add(chunk)
+            prefix = assembler.finish()
+            result = await self.service.import_kv(prefix)
+        except ClairvoyantError as err:
+            await abort(context, err)
+        except KvTransferError as exc:
+            await abort(context, InvalidRequest(str(exc), param="chunks"))
+        if result is None:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"no room in the KV pool for {prefix.num_tokens} tokens"
+            )
+        assert result is not None
+        tokens, imported = result
+        return worker_pb2.ImportKVResponse(tokens=tokens, imported_tokens=imported)
 
     async def Stats(  # noqa: N802
         self, request: worker_pb2.WorkerStatsRequest, context: grpc.aio.ServicerContext

@@ -1,14 +1,16 @@
 """What a worker does with one request, independent of the transport (gRPC or HTTP).
 
 Turns a prompt (chat messages, text or token ids) into an ``EngineRequest``, enforces the
-context window before anything is allocated, and keeps the worker's Prometheus metrics.
+context window before anything is allocated, and keeps the worker's Prometheus metrics.  Also
+exports and imports cached prefixes (KV migration, ``core/kv_transfer.py``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -16,10 +18,18 @@ from prometheus_client import Counter, Gauge, Histogram
 from clairvoyant.core.errors import ContextLengthExceeded, InvalidRequest
 from clairvoyant.core.metrics import LATENCY_BUCKETS
 from clairvoyant.worker.core.engine import EngineRequest, EngineStats, RequestOutput
+from clairvoyant.worker.core.kv_transfer import (
+    ImportResult,
+    KvPrefix,
+    check_prefix,
+    export_prefix,
+    import_prefix,
+)
 from clairvoyant.worker.core.sampling import SamplingParams
 from clairvoyant.worker.core.sequence import Lineage
 from clairvoyant.worker.engine_loop import AsyncEngine
-from clairvoyant.worker.runners.base import ModelRunner
+from clairvoyant.worker.kv_wire import KvLayout
+from clairvoyant.worker.runners.base import CopiesKv, EmulatesKvTransfer, ModelRunner
 
 REQUESTS = Counter("cv_worker_requests_total", "Requests finished by the worker", ["status"])
 TTFT = Histogram("cv_worker_ttft_seconds", "Arrival to first token on the worker", buckets=LATENCY_BUCKETS)
@@ -32,6 +42,9 @@ KV_CACHED = Gauge("cv_worker_kv_blocks_cached", "KV blocks held only by the pref
 PREEMPTIONS = Gauge("cv_worker_preemptions_total", "Sequences preempted (recompute) since start")
 GENERATED = Gauge("cv_worker_generated_tokens_total", "Output tokens generated since start")
 CACHED_PROMPT = Gauge("cv_worker_cached_prompt_tokens_total", "Prompt tokens served from the prefix cache")
+KV_MIGRATED = Counter(
+    "cv_worker_kv_migrated_tokens_total", "Prefix tokens sent or cached by KV migration", ["direction"]
+)
 
 
 def record_stats(stats: EngineStats) -> None:
@@ -58,10 +71,20 @@ _counter = itertools.count()
 
 
 class WorkerService:
-    def __init__(self, runner: ModelRunner, engine: AsyncEngine, worker_id: str) -> None:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        engine: AsyncEngine,
+        worker_id: str,
+        *,
+        transfer_sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        """``transfer_sleep``: how an import waits out the modelled transfer time of a runner
+        without tensors (``EmulatesKvTransfer``); tests pass one that records it."""
         self.runner = runner
         self.engine = engine
         self.worker_id = worker_id
+        self._transfer_sleep = transfer_sleep
 
     @property
     def model_name(self) -> str:
@@ -70,6 +93,11 @@ class WorkerService:
     @property
     def max_model_len(self) -> int:
         return self.runner.info.max_model_len
+
+    @property
+    def kv_layout(self) -> KvLayout:
+        info, tensors = self.runner.info, isinstance(self.runner, CopiesKv)
+        return KvLayout(info.name, info.num_layers, info.num_kv_heads, info.head_dim, info.dtype, tensors)
 
     def tokenize(self, prompt: PromptInput) -> list[int]:
         tokenizer = self.runner.tokenizer
@@ -120,6 +148,35 @@ class WorkerService:
         config = self.engine.engine.config
         pool_tokens = config.num_blocks * config.block_size
         return max(1, min(self.max_model_len, pool_tokens) - prompt_len)
+
+    async def export_kv(
+        self, namespace: str, *, token_ids: Sequence[int] | None = None, workflow_id: str | None = None
+    ) -> KvPrefix | None:
+        """The cached prefix (``kv_transfer.export_prefix``), read on the engine thread; None when
+        nothing of it is cached."""
+        prefix = await self.engine.call(
+            lambda engine: export_prefix(
+                engine.kv, engine.runner, namespace, token_ids=token_ids, workflow_id=workflow_id
+            )
+        )
+        if prefix is not None:
+            KV_MIGRATED.labels("export").inc(prefix.num_tokens)
+        return prefix
+
+    async def import_kv(self, prefix: KvPrefix) -> ImportResult | None:
+        """Cache ``prefix`` (``kv_transfer.import_prefix``); None when the pool has no room.
+        Raises ``KvTransferError`` when it does not fit this runner.
+
+        A runner without tensors first waits out the transfer its cost model predicts for the
+        prefix's tokens: the prefix counts as arrived only then (and the engine goes on stepping
+        meanwhile, as it would while a NIC writes into its memory)."""
+        check_prefix(self.runner, prefix)
+        if isinstance(self.runner, EmulatesKvTransfer):
+            await self._transfer_sleep(self.runner.kv_transfer_seconds(prefix.num_tokens))
+        result = await self.engine.call(lambda engine: import_prefix(engine.kv, engine.runner, prefix))
+        if result is not None:
+            KV_MIGRATED.labels("import").inc(result.imported_tokens)
+        return result
 
     async def run(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         """Stream the request's outputs, recording latency metrics and the final status."""

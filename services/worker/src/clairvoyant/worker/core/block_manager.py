@@ -14,9 +14,25 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Iterable
+from collections.abc import Sequence as Tokens
+from typing import NamedTuple
 
-from clairvoyant.worker.core.radix_cache import BlockTag, RadixCache
+from clairvoyant.worker.core.radix_cache import BlockTag, Namespace, RadixCache
 from clairvoyant.worker.core.sequence import Sequence
+
+
+class PrefixReservation(NamedTuple):
+    """Blocks held for a prefix on its way into the cache (``reserve_prefix``): one reference
+    each, until ``commit_prefix`` or ``release_prefix``."""
+
+    namespace: Namespace
+    token_ids: tuple[int, ...]  # whole blocks
+    cached: tuple[int, ...]  # blocks of the prefix's head already cached, in order
+    new: tuple[int, ...]  # fresh blocks for the rest, in order: their K/V is to be written
+
+    @property
+    def block_table(self) -> list[int]:
+        return [*self.cached, *self.new]
 
 
 class BlockManager:
@@ -84,7 +100,13 @@ class BlockManager:
         needed = self.blocks_needed(seq, num_new_tokens)
         if needed > self.num_allocatable_blocks:
             return False
-        shortfall = needed - len(self._free)
+        seq.block_table += self._take(needed)
+        return True
+
+    def _take(self, count: int) -> list[int]:
+        """``count`` blocks with one reference each, evicting cached-only blocks as needed (the
+        caller checked ``num_allocatable_blocks``)."""
+        shortfall = count - len(self._free)
         if shortfall > 0:
             assert self.cache is not None
             evicted = self.cache.evict(shortfall, lambda b: self._ref_counts[b] == 1)
@@ -92,11 +114,12 @@ class BlockManager:
             for b in evicted:
                 self._num_cached_only -= 1
                 self._decref(b)
-        for _ in range(needed):
+        taken = []
+        for _ in range(count):
             b = self._free.popleft()
             self._incref(b)
-            seq.block_table.append(b)
-        return True
+            taken.append(b)
+        return taken
 
     def free(self, seq: Sequence) -> None:
         """Drop all of ``seq``'s references (its cached blocks stay in the cache, most recently used)."""
@@ -135,6 +158,50 @@ class BlockManager:
                 self._decref(mine)
                 seq.block_table[first + i] = cached
         seq.num_cached_blocks = num_full
+
+    # ---- prefixes from elsewhere (KV migration, core/kv_transfer.py) ---------------------------
+    def reserve_prefix(self, namespace: Namespace, token_ids: Tokens[int]) -> PrefixReservation | None:
+        """Hold blocks for the whole blocks of ``token_ids``: the cached head of the prefix, and
+        fresh blocks for the rest.  None (no change) when the pool has no room for the rest.
+
+        Holding the cached head keeps eviction from taking it while the fresh blocks are found.
+        Requires the prefix cache.
+        """
+        cache = self.cache
+        assert cache is not None, "importing a prefix needs the prefix cache"
+        num_blocks = len(token_ids) // self.block_size
+        cached = cache.match(namespace, token_ids, num_blocks)
+        for b in cached:
+            self._incref(b)
+        missing = num_blocks - len(cached)
+        if missing > self.num_allocatable_blocks:
+            for b in cached:
+                self._decref(b)
+            return None
+        whole = tuple(token_ids[: num_blocks * self.block_size])
+        return PrefixReservation(namespace, whole, tuple(cached), tuple(self._take(missing)))
+
+    def commit_prefix(self, reservation: PrefixReservation, tag: BlockTag) -> None:
+        """Cache the reservation's fresh blocks (their K/V written by now) and let go of it."""
+        cache = self.cache
+        assert cache is not None
+        if reservation.new:
+            first = len(reservation.cached)
+            bs = self.block_size
+            parent = reservation.cached[-1] if reservation.cached else None
+            canonical = cache.insert(
+                reservation.namespace, parent, reservation.token_ids[first * bs :], reservation.new,
+                [tag] * len(reservation.new),
+            )  # fmt: skip
+            assert canonical == list(reservation.new), "the prefix was cached meanwhile"
+            for b in reservation.new:
+                self._ref_counts[b] += 1  # the cache's reference
+        self.release_prefix(reservation)
+
+    def release_prefix(self, reservation: PrefixReservation) -> None:
+        """Drop the reservation's references; fresh blocks nobody cached go back to the free list."""
+        for b in reversed(reservation.block_table):
+            self._decref(b)
 
     # ---- reference counts ----------------------------------------------------------------------
     def _incref(self, b: int) -> None:

@@ -172,6 +172,29 @@ class RadixCache:
             self._lru = [n.last_access << _ID_BITS | b for b, n in self._node_of_block.items()]
             heapq.heapify(self._lru)
 
+    def session_path(self, namespace: Namespace, workflow_id: str) -> tuple[list[int], list[int]]:
+        """The deepest cached path holding a block a call of ``workflow_id`` computed: its block ids
+        and tokens from the root (ancestors included, whoever computed them); ([], []) when none.
+        Ties go to the most recently used path.  Walks the namespace's whole tree; changes nothing."""
+        root = self._roots.get(namespace)
+        best: RadixNode | None = None
+        best_rank = (0, -1)
+        stack = [(child, 1) for child in root.children.values()] if root is not None else []
+        while stack:
+            node, depth = stack.pop()
+            tag = node.tag
+            if tag is not None and tag.lineage is not None and tag.lineage.workflow_id == workflow_id:
+                rank = (depth, node.last_access)
+                if rank > best_rank:
+                    best, best_rank = node, rank
+            stack.extend((child, depth + 1) for child in node.children.values())
+        path: list[RadixNode] = []
+        while best is not None and best.block_id >= 0:
+            path.append(best)
+            best = best.parent
+        path.reverse()
+        return [node.block_id for node in path], [token for node in path for token in node.key]
+
     def tag_of(self, block_id: int) -> BlockTag | None:
         node = self._node_of_block.get(block_id)
         return None if node is None else node.tag

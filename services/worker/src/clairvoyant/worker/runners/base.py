@@ -129,3 +129,35 @@ class FastForwardRunner(Protocol):
     def account_steps(self, step_seconds: Sequence[float]) -> None:
         """Count steps taken through the fast path in the runner's diagnostics."""
         ...
+
+
+@runtime_checkable
+class CopiesKv(Protocol):
+    """Optional for a ``ModelRunner``: it holds real KV tensors that a cached prefix can be read
+    out of and written into (KV migration between workers, ``core/kv_transfer.py``).
+
+    Both use the layout ``[num_layers, 2 (K, V), tokens, num_kv_heads, head_dim]`` in the runner's
+    own dtype, addressed through a block table exactly as ``forward`` addresses it.
+    """
+
+    def read_kv(self, block_table: Sequence[int], num_tokens: int) -> torch.Tensor:
+        """A copy of the K/V of positions ``0 .. num_tokens - 1``."""
+        ...
+
+    def write_kv(self, block_table: Sequence[int], first_position: int, kv: torch.Tensor) -> None:
+        """Write ``kv`` (``kv.shape[2]`` tokens) at positions ``first_position ..`` of ``block_table``."""
+        ...
+
+
+@runtime_checkable
+class EmulatesKvTransfer(Protocol):
+    """Optional for a ``ModelRunner``: it holds no KV tensors, so a migrated prefix moves only in
+    the block accounting, and takes the time its cost model says a real transfer would."""
+
+    def kv_transfer_seconds(self, num_tokens: int) -> float:
+        """Seconds to ship the KV of ``num_tokens`` tokens from a replica of this shape to another."""
+        ...
+
+    def recompute_seconds(self, num_tokens: int) -> float:
+        """Seconds of one engine step prefilling ``num_tokens`` tokens from scratch (batch of one)."""
+        ...

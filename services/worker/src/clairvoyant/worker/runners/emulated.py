@@ -43,7 +43,8 @@ _CYCLE_INDEX = {(7 * i) % DISTINCT_COUNT: i for i in range(DISTINCT_COUNT)}
 
 
 class EmulatedRunner:
-    """Implements ``runners.base.ModelRunner``, ``SizesOwnKvPool`` and ``FastForwardRunner``.
+    """Implements ``runners.base.ModelRunner``, ``SizesOwnKvPool``, ``FastForwardRunner`` and
+    ``EmulatesKvTransfer``.
 
     ``busy_seconds`` sums the predicted time of every step so far; ``last_step_seconds`` and
     ``last_step`` (the roofline terms) describe the latest one.
@@ -150,6 +151,16 @@ class EmulatedRunner:
             return self._rows.expand(wanted, -1).clone()  # the placeholder on every row
         rows = [_distinct_row(item.seq_id, item.start_pos + len(item.token_ids)) for item in items if item.want_logits]
         return self._rows.index_select(0, torch.tensor(rows, dtype=torch.long))
+
+    # ---- EmulatesKvTransfer: a migrated prefix's modelled time -----------------------------------
+    def kv_transfer_seconds(self, num_tokens: int) -> float:
+        """``CostModel.migration_time``: each GPU's share of the tokens' KV (``kv_bytes_per_token``
+        bytes per token) over its inter-node link (``GpuSpec.network_bandwidth`` x
+        ``network_efficiency``: 50 GB/s x 0.8 per H100 of a DGX H100), plus one transfer set-up."""
+        return self.cost.migration_time(num_tokens)
+
+    def recompute_seconds(self, num_tokens: int) -> float:
+        return self.cost.step_cost([BatchItem(num_tokens, 0)]).seconds if num_tokens > 0 else 0.0
 
     # ---- FastForwardRunner: what ``forward`` would give, many decode steps at once ---------------
     def decode_tokens(self, seq_id: int, first_position: int, num_steps: int) -> list[int]:

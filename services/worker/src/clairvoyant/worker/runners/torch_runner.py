@@ -6,13 +6,13 @@ from collections.abc import Sequence
 
 import torch
 
-from clairvoyant.worker.models.attention import build_paged_context
+from clairvoyant.worker.models.attention import build_paged_context, slots_of
 from clairvoyant.worker.models.llama import LlamaForCausalLM
 from clairvoyant.worker.runners.base import ForwardItem, ModelInfo, Tokenizer
 
 
 class TorchRunner:
-    """Implements ``runners.base.ModelRunner``.
+    """Implements ``runners.base.ModelRunner`` and ``CopiesKv``.
 
     KV storage is one tensor ``[num_layers, 2 (K, V), num_blocks * block_size, num_kv_heads, head_dim]``;
     a slot index is ``block * block_size + offset``, exactly the layout ``base.py`` draws.
@@ -40,6 +40,24 @@ class TorchRunner:
         shape = (config.num_layers, 2, num_blocks * block_size, config.num_kv_heads, config.head_dim)
         self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.block_size = block_size
+
+    @torch.inference_mode()
+    def read_kv(self, block_table: Sequence[int], num_tokens: int) -> torch.Tensor:
+        if self.kv_cache is None:
+            raise RuntimeError("allocate_kv must be called before read_kv")
+        slots = slots_of(block_table, self.block_size, num_tokens, self.device)
+        return self.kv_cache.index_select(2, slots)  # [layers, 2, tokens, kv_heads, head_dim], a copy
+
+    @torch.inference_mode()
+    def write_kv(self, block_table: Sequence[int], first_position: int, kv: torch.Tensor) -> None:
+        if self.kv_cache is None:
+            raise RuntimeError("allocate_kv must be called before write_kv")
+        if kv.shape[:2] + kv.shape[3:] != self.kv_cache.shape[:2] + self.kv_cache.shape[3:]:
+            cache = tuple(self.kv_cache.shape)
+            raise ValueError(f"KV of shape {tuple(kv.shape)} does not fit a cache of {cache}")
+        end = first_position + kv.shape[2]
+        slots = slots_of(block_table, self.block_size, end, self.device)[first_position:]
+        self.kv_cache.index_copy_(2, slots, kv.to(device=self.device, dtype=self.dtype))
 
     @torch.inference_mode()
     def forward(self, items: Sequence[ForwardItem]) -> torch.Tensor:
