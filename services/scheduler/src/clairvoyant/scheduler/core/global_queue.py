@@ -14,7 +14,8 @@ submit opens its entry and records the call, a completion reported with its time
 service, and an idle or ended program is dropped.  Policies that implement the optional hooks of
 policies.py read it, queue at the engines, or hand the engines a rule of their own.  A policy that
 implements ``SchedulerAware`` (below) may also read the live queue depths and placements (Pythia),
-and a routing policy that implements ``Rebalancing`` re-pins queued calls before each dispatch (SAGA).
+and a routing policy that implements ``Rebalancing`` re-pins queued calls before each dispatch (SAGA),
+and one that implements ``MigratesKv`` says where a placed call's KV should come from.
 """
 
 from __future__ import annotations
@@ -71,6 +72,16 @@ class Rebalancing(Protocol):
 
 
 _Entry = tuple[float, float, int, QueuedRequest]  # (-priority, arrival time, submission number, request)
+
+
+@runtime_checkable
+class MigratesKv(Protocol):
+    def kv_source(self, request: QueuedRequest, worker_id: str) -> str | None:
+        """Called once per placement, right after ``route`` chose ``worker_id``: the worker whose
+        cached KV of the request's session should be moved to ``worker_id`` before the call runs
+        there, or None.  The answer is the placement's ``Decision.kv_source``; moving it (or giving
+        up and recomputing) is the caller's (SAGA §5.2 step 3)."""
+        ...
 
 
 class _Placement(NamedTuple):
@@ -134,6 +145,7 @@ class GlobalScheduler:
         if self.engine_queue_factor < 1:
             raise ValueError("engine_queue_factor must be at least 1")
         self._rebalancing = routing if isinstance(routing, Rebalancing) else None
+        self._migrating = routing if isinstance(routing, MigratesKv) else None
 
     @classmethod
     def from_preset(cls, preset: str, **options: Any) -> GlobalScheduler:
@@ -288,7 +300,9 @@ class GlobalScheduler:
                 worker = self._workers[worker_id]
                 worker = self._workers[worker_id] = dataclasses.replace(worker, placed=worker.placed + 1)
                 self._placements[request.request_id] = _Placement(worker_id, request, now)
-                decisions.append(Decision(request.request_id, worker, priority, now - request.arrival_time))
+                kv_source = None if self._migrating is None else self._migrating.kv_source(request, worker_id)
+                wait = now - request.arrival_time
+                decisions.append(Decision(request.request_id, worker, priority, wait, kv_source))
         return decisions
 
     def _rank_incrementally(self, model: str, queue: dict[str, QueuedRequest], now: float) -> list[_Entry]:

@@ -5,14 +5,18 @@
                share = AFS / Σ AFS, AFS = Σ W_t            else the least loaded one (the new pin)
                priority = share − capacity in use
     dispatch ─> SagaAffinityRouting.rebalance (§5.2): a worker whose queue has been empty for 100 ms
-               steals the oldest pending session of a random worker loaded > 2.0× as much as it
+               steals the oldest pending session of a random worker loaded > 2.0× as much as it;
+               the session's next placement names the victim as its KV source (step 3)
 
 The paper's equations (7)–(9) did not survive in the seed's text, so the formulas below are
 readings of the prose around them; each class's docstring says which.  Defaults are the paper's
 (Table 9): load threshold 0.8, steal trigger 100 ms, load ratio 2.0, epoch 100 ms.
 
-Not here: KV migration.  A stolen session is re-pinned to the thief without moving its KV (ExportKV
-and ImportKV in the runners, with their cost, come later), so the thief recomputes the prefix.  AFS
+KV migration (§5.2 step 3): a steal re-pins the session to the thief and remembers the victim; the
+session's next placement carries it as ``Decision.kv_source`` (the ``MigratesKv`` hook).  The caller
+moves the KV: the live scheduler service streams the victim's ExportKV of the session into the
+thief's ImportKV before it answers the call's Schedule, and the simulator waits the cost model's
+transfer time; both recompute instead when the move fails (or, in the simulator, costs more).  AFS
 preemption (§6.2 step 4) is the worker's: its local scheduler already preempts the least urgent
 running call (by the base priority sent here) when seats or blocks run out, at once rather than
 after the paper's delay, and it recomputes or swaps the victim's KV rather than migrating it.
@@ -182,8 +186,15 @@ class SagaAffinityRouting:
     the worker reports queued at its engine.  A queue seen empty at one dispatch is taken to have
     been empty since then; so the 100 ms count from the first dispatch that sees it empty, not from
     the instant it emptied.  ``plan_steals`` decides; a steal re-pins the session to the thief.  The
-    KV does not move (no ExportKV/ImportKV yet): the thief recomputes the session's prefix.  The
     steals are kept in ``steals`` (all so far, in order) for diagnostics.
+
+    ``kv_source`` (the scheduler's ``MigratesKv`` hook) names the victim at the stolen session's
+    next placement: the KV is still where the session ran (§5.2 step 3 migrates it "to" the thief
+    before the affinity moves, step 4).  Readings: only that one placement migrates (later calls
+    find the KV where the first one put it); it migrates to wherever the call lands, the thief or,
+    when the thief has no room by then, the worker ``route`` moved the session to; none when it
+    lands back on the victim.  A session stolen twice before it is placed keeps the first victim,
+    which still holds its KV.
 
     What stealing changes here: the global queue binds calls late, so a waiting call already goes
     to any worker with room when its own worker is loaded (the rule above).  A call therefore waits
@@ -195,6 +206,7 @@ class SagaAffinityRouting:
         self.config = config or SagaConfig()
         self.programs = ProcessTable()  # replaced by the scheduler's own in bind_programs
         self.steals: list[Steal] = []
+        self._kv_at: dict[ProgramKey, str] = {}  # stolen sessions not placed since: their victim
         self._rng = random.Random(self.config.seed)
         self._scheduler: GlobalScheduler | None = None
         self._empty_since: dict[str, float] = {}
@@ -227,6 +239,11 @@ class SagaAffinityRouting:
 
     def rebalance(self, now: float) -> None:
         self.steal(now)
+
+    def kv_source(self, request: QueuedRequest, worker_id: str) -> str | None:
+        key = program_key(request) if self._kv_at else None
+        victim = self._kv_at.pop(key, None) if key is not None else None
+        return victim if victim != worker_id else None
 
     def steal(self, now: float) -> list[Steal]:
         """Sample the queues, decide (``plan_steals``) and re-pin; the steals made at ``now``."""
@@ -265,6 +282,9 @@ class SagaAffinityRouting:
             program = self.programs.get(steal.session)
             assert program is not None
             program.engine_id = steal.thief
+            self._kv_at.setdefault(steal.session, steal.victim)
+        for ended in [key for key in self._kv_at if self.programs.get(key) is None]:
+            del self._kv_at[ended]  # the session ended before a call of it was placed again
         self.steals += steals
         return steals
 

@@ -105,6 +105,9 @@ class Decision(NamedTuple):
     worker: WorkerView  # the worker as it was right after this placement was counted
     base_priority: float  # the priority the request was ranked with; larger = more urgent
     queue_wait_s: float  # time from submit to this placement
+    # The worker holding the KV of the request's session, to move to ``worker`` before the call
+    # runs there (a ``MigratesKv`` routing policy's answer: SAGA's stolen sessions); None: no move.
+    kv_source: str | None = None
 
     @property
     def worker_id(self) -> str:
