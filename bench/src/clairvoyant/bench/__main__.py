@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         sub = commands.add_parser(name, help=bench.help, description=bench.help)
         bench.add_arguments(sub)
     args = parser.parse_args(argv)
-    if args.command in ("run", "compare"):
+    if args.command in cli_experiment.COMMANDS:
         return cli_experiment.run_command(args)
     if args.command in ("sweep", "plot"):
         return sweep.run_command(args)
