@@ -85,3 +85,46 @@ def test_closed_loop_sweep_runs_its_own_workflow_count_at_each_level(tmp_path: P
     points = json.loads(out.read_text())["points"]
     assert [(p["config"]["concurrency"], p["config"]["workflows"]) for p in points] == [(1, 2), (3, 6)]
     assert [len(p["policies"]["fcfs-rr"]["jct_s"]) for p in points] == [2, 6]
+
+
+def test_presets_run_apart_merge_into_the_compare_of_all_and_the_matrix_report_plots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """merge: two compares of one config equal one compare of both presets (but for wall time);
+    configs that differ, or a preset in two parts, are refused.  matrix-report: ratio tables and
+    one avg-JCT-ratio plot per workload over its loads."""
+    def compare(policies: str, concurrency: int, name: str) -> Path:
+        out = tmp_path / f"{name}.json"
+        args = ["compare", "--workload", "react_bfcl", "--gpus", "2", "--workflows", str(concurrency),
+                "--concurrency", str(concurrency), "--policies", policies, "--out", str(out)]  # fmt: skip
+        assert main(args) == 0
+        return out
+
+    def without_wall(path: Path) -> dict:
+        data = json.loads(path.read_text())
+        data.pop("wall_seconds")
+        for metrics in data["policies"].values():
+            metrics.pop("wall_seconds")
+        return data
+
+    both = compare("fcfs-rr,mlfq", 6, "both")
+    merged = tmp_path / "merged.json"
+    assert main(["merge", str(compare("fcfs-rr", 6, "a")), str(compare("mlfq", 6, "b")), "--out", str(merged)]) == 0
+    assert without_wall(merged) == without_wall(both)
+    with pytest.raises(SystemExit, match="config differs"):
+        main(["merge", str(both), str(compare("mlfq", 12, "other")), "--out", str(tmp_path / "x.json")])
+    with pytest.raises(SystemExit, match=r"\['mlfq'\] in two parts"):
+        main(["merge", str(both), str(tmp_path / "b.json"), "--out", str(tmp_path / "x.json")])
+
+    heavier = compare("fcfs-rr,mlfq", 12, "heavier")
+    capsys.readouterr()
+    assert main(["matrix-report", str(both), str(heavier), "--baseline", "fcfs-rr", "--plots", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    data = json.loads(both.read_text())["policies"]
+    ratio = data["mlfq"]["avg_jct_s"] / data["fcfs-rr"]["avg_jct_s"]
+    assert "react_bfcl, 2 GPUs, concurrency 6, 6 workflows, annotations none" in printed
+    assert f"| mlfq | {data['mlfq']['avg_jct_s']:.1f} |" in printed and f"| {ratio:.3f} |" in printed
+    assert printed.count("| fcfs-rr |") == 2 and "| 1.000 | 1.000 | 1.000 |" in printed
+    _assert_png(tmp_path / "matrix-react_bfcl-none.png")
+    with pytest.raises(SystemExit, match="no 'vllm-prodstack'"):
+        main(["matrix-report", str(both)])

@@ -8,6 +8,8 @@ running stack through its gateway (``--mode live``, the policy the stack's sched
     python -m clairvoyant.bench run --mode live --workload react_bfcl --policy fcfs-rr --gpus 2 \\
         --workflows 16 --concurrency 8 --base-url http://127.0.0.1:8000/v1 --out live.json
     python -m clairvoyant.bench compare --workload qa_router+report_generate+code_generate ...  # served together
+    python -m clairvoyant.bench merge part-a.json part-b.json --out compare.json  # same config, more presets
+    python -m clairvoyant.bench matrix-report bench/results/matrix-*.json --plots docs/img
     python -m clairvoyant.bench --list
 """
 
@@ -27,6 +29,8 @@ from clairvoyant.bench.live.run import DEFAULT_BASE_URL, DEFAULT_SCHEDULER, Live
 from clairvoyant.bench.workloads import list_workloads
 from clairvoyant.scheduler.core import PRESETS
 
+COMMANDS = ("run", "compare", "merge", "matrix-report")
+BASELINE = "vllm-prodstack"  # what the matrix report's ratios are against
 SHOWN = ("avg_jct_s", "p95_jct_s", "throughput_tok_s", "avg_queue_s", "cache_hit_ratio", "preemptions",
          "distance_from_limit", "virtual_seconds", "wall_seconds")
 
@@ -78,9 +82,97 @@ def add_parsers(commands: Any) -> None:
         live.add_argument("--time-scale", type=float, default=1.0, help="tool latencies are waited out x this")
         live.add_argument("--scheduler", default=DEFAULT_SCHEDULER,
                           help="the scheduler's gRPC address, to read the policy it runs; 'none' takes --policy on trust")
+    add_report_parsers(commands)
+
+
+def add_report_parsers(commands: Any) -> None:
+    sub = commands.add_parser("merge", help="compare files of one config (same instance) into one",
+                              description="Presets run in separate compares of the identical config give the "
+                                          "numbers they give in one compare (the simulator is deterministic and "
+                                          "each preset gets its own copy of the warm-up), so their files merge.")  # fmt: skip
+    sub.add_argument("parts", type=Path, nargs="+", help="compare results JSON files")
+    sub.add_argument("--out", type=Path, required=True, help="merged results JSON")
+    sub = commands.add_parser("matrix-report", help="markdown tables (ratios against a baseline) and plots")
+    sub.add_argument("results", type=Path, nargs="+", help="compare results JSON files")
+    sub.add_argument("--baseline", default=BASELINE)
+    sub.add_argument("--plots", type=Path, help="a folder for matrix-<workload>.png: avg JCT ratio against the load")
+
+
+def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One compare result holding every part's presets; raises ValueError if the parts' configs
+    (hence instances) differ or a preset appears twice."""
+    first = parts[0]
+    merged = {**first, "policies": dict(first["policies"]), "wall_seconds": sum(p["wall_seconds"] for p in parts)}
+    for part in parts[1:]:
+        for key in ("workload", "mode", "seed", "config"):
+            if part[key] != first[key]:
+                raise ValueError(f"cannot merge: {key} differs ({part[key]!r} != {first[key]!r})")
+        twice = set(part["policies"]) & set(merged["policies"])
+        if twice:
+            raise ValueError(f"cannot merge: {sorted(twice)} in two parts")
+        merged["policies"].update(part["policies"])
+    return merged
+
+
+REPORT_COLUMNS = "| preset | avg JCT s | p95 JCT s | tok/s | avg queue s | preemptions | cache hit | dist | avg JCT / {b} | p95 / {b} | tok/s / {b} |"
+
+
+def report_table(result: dict[str, Any], baseline: str = BASELINE) -> str:
+    """Markdown, one row per preset; "dist" is avg JCT over the critical-path lower bound."""
+    config = result["config"]
+    if baseline not in result["policies"]:
+        raise ValueError(f"{result['workload']}: no {baseline!r} in {sorted(result['policies'])}")
+    base = result["policies"][baseline]
+    lines = [
+        f"{result['workload']}, {config['gpus']} GPUs, concurrency {config['concurrency']}, "
+        f"{config['workflows']} workflows, annotations {config['annotations']}",
+        "",
+        REPORT_COLUMNS.format(b=baseline),
+        "|---" + "|---:" * 10 + "|",
+    ]
+    for preset, m in result["policies"].items():
+        lines.append(
+            f"| {preset} | {m['avg_jct_s']:.1f} | {m['p95_jct_s']:.1f} | {m['throughput_tok_s']:,.0f} "
+            f"| {m['avg_queue_s']:.2f} | {m['preemptions']} | {m['cache_hit_ratio']:.3f} "
+            f"| {m['distance_from_limit']:.2f} | {m['avg_jct_s'] / base['avg_jct_s']:.3f} "
+            f"| {m['p95_jct_s'] / base['p95_jct_s']:.3f} | {m['throughput_tok_s'] / base['throughput_tok_s']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def report_command(args: argparse.Namespace) -> int:
+    loaded = [json.loads(path.read_text()) for path in (args.parts if args.command == "merge" else args.results)]
+    if args.command == "merge":
+        try:
+            merged = merge(loaded)
+        except ValueError as exc:
+            raise SystemExit(f"error: {exc}") from None
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(merged, indent=2, sort_keys=True, default=str) + "\n")
+        progress(f"saved {args.out}: {', '.join(merged['policies'])}")
+        return 0
+    for result in loaded:
+        try:
+            print(report_table(result, args.baseline) + "\n")
+        except ValueError as exc:
+            raise SystemExit(f"error: {exc}") from None
+    if args.plots:
+        from clairvoyant.bench.plots import plot_matrix  # matplotlib only when plotting
+
+        groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for result in loaded:
+            groups.setdefault((result["workload"], result["config"]["annotations"]), []).append(result)
+        for (workload, annotations), cells in groups.items():
+            if len(cells) > 1:
+                suffix = "" if annotations == "profiler" else f"-{annotations}"
+                path = plot_matrix(cells, args.plots / f"matrix-{workload}{suffix}.png", args.baseline)
+                progress(f"saved {path}")
+    return 0
 
 
 def run_command(args: argparse.Namespace) -> int:
+    if args.command in ("merge", "matrix-report"):
+        return report_command(args)
     policies = [args.policy] if args.command == "run" else [p for p in args.policies.split(",") if p]
     unknown = [p for p in policies if p not in PRESETS]
     if unknown:

@@ -138,3 +138,29 @@ def plot_latency_throughput(sweep: dict[str, Any], path: Path) -> Path:
     unit = "workflows/s" if sweep["load_kind"] == "rate" else "concurrent workflows"
     ax.set_title(f"{sweep['workload']}: latency vs throughput (labels: {unit})", fontsize=9)
     return _save(fig, path)
+
+
+def plot_matrix(results: list[dict[str, Any]], path: Path, baseline: str) -> Path:
+    """Avg JCT as a ratio to ``baseline`` against the load, one line per preset: one workload's
+    compare files at several closed-loop concurrencies (same annotations)."""
+    cells = sorted(results, key=lambda r: r["config"]["concurrency"])
+    presets = list(dict.fromkeys(p for r in cells for p in r["policies"]))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for preset in presets:
+        points = [
+            (r["config"]["concurrency"], r["policies"][preset]["avg_jct_s"] / r["policies"][baseline]["avg_jct_s"])
+            for r in cells
+            if preset in r["policies"] and baseline in r["policies"]
+        ]
+        baseline_style = preset == baseline
+        ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=preset,
+                linestyle="--" if baseline_style else "-", color="black" if baseline_style else None)  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([r["config"]["concurrency"] for r in cells], [str(r["config"]["concurrency"]) for r in cells])
+    ax.set_xlabel("closed-loop concurrency (workflows in flight)")
+    ax.set_ylabel(f"avg JCT / {baseline}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    config = cells[0]["config"]
+    ax.set_title(f"{cells[0]['workload']}: {config['gpus']} GPUs, annotations {config['annotations']}", fontsize=9)
+    return _save(fig, path)
