@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from clairvoyant.core.app_metadata import AppMetadata
-from clairvoyant.scheduler.core import PRESETS, GlobalScheduler, QueuedRequest, WorkerReport
+from clairvoyant.scheduler.core import PRESETS, GlobalScheduler, ProcessTable, QueuedRequest, WorkerReport
 from clairvoyant.scheduler.core.topo import TopoDepthPriority
 
 pytestmark = pytest.mark.unit
@@ -24,12 +24,19 @@ def test_preset_is_depth_priority_with_round_robin() -> None:
 
 def test_depth_is_one_more_than_the_deepest_known_parent() -> None:
     policy = TopoDepthPriority()
-    assert policy.priority(call("a"), 0.0) == 0.0
-    assert policy.priority(call("b", parents=("a",)), 0.0) == 1.0
-    assert policy.priority(call("c", parents=("a", "b")), 0.0) == 2.0  # a DAG join: the longer path
-    assert policy.priority(call("d", parents=("never-seen",)), 0.0) == 1.0  # an unknown parent is a root
-    assert policy.priority(call("b", workflow="other"), 0.0) == 0.0  # depths are per program
-    assert policy.priority(call("x", workflow=None, parents=()), 0.0) == 0.0
+    table = ProcessTable()
+    policy.bind_programs(table)
+
+    def submitted(request: QueuedRequest) -> float:
+        table.on_submit(request, 0.0)
+        return policy.priority(request, 0.0)
+
+    assert submitted(call("a")) == 0.0
+    assert submitted(call("b", parents=("a",))) == 1.0
+    assert submitted(call("c", parents=("a", "b"))) == 2.0  # a DAG join: the longer path
+    assert submitted(call("d", parents=("never-seen",))) == 1.0  # an unknown parent is a root
+    assert submitted(call("b", workflow="other")) == 0.0  # depths are per program
+    assert submitted(call("x", workflow=None, parents=())) == 0.0
 
 
 def test_deeper_calls_first_then_fcfs_and_round_robin() -> None:

@@ -292,7 +292,8 @@ class GlobalScheduler:
                 worker_id = self.routing_policy.route(request, workers, now)
                 if worker_id is None:
                     break  # it stays at the top of a fixed-priority heap
-                if worker_id not in {w.worker_id for w in eligible_workers(request, workers)}:
+                chosen = self._workers.get(worker_id)
+                if chosen is None or not eligible_workers(request, [chosen]):
                     raise RuntimeError(f"routing policy chose ineligible worker {worker_id!r}")
                 heapq.heappop(ranked)
                 del queue[request.request_id]

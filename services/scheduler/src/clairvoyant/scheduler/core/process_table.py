@@ -43,6 +43,9 @@ class Program:
     active: dict[str, float] = field(default_factory=dict)  # call id -> arrival time (its threads)
     call_priority: dict[str, float] = field(default_factory=dict)  # active call -> ATLAS p(c)
     path_end: dict[str, float] = field(default_factory=dict)  # completed call -> p(c) + t_c
+    # Every call submitted -> its depth in the workflow's DAG (topo-depth): 0 without parents, else
+    # 1 + the deepest parent's (a parent never submitted here counts as 0).  Fixed at first submit.
+    call_depth: dict[str, int] = field(default_factory=dict)
     last_arrival: float = 0.0
     last_completion: float = 0.0
     first_arrival: float = math.inf  # the earliest arrival_time of a call submitted to this entry
@@ -122,6 +125,10 @@ class ProcessTable:
             program.path_end[p] for p in request.app_metadata.parent_request_ids if p in program.path_end
         ]
         program.call_priority[request.request_id] = max(known) if known else program.critical_path_s
+        if request.request_id not in program.call_depth:
+            parents = request.app_metadata.parent_request_ids
+            depths = program.call_depth
+            depths[request.request_id] = 1 + max((depths.get(p, 0) for p in parents), default=-1)
         program.active[request.request_id] = request.arrival_time
         program.first_arrival = min(program.first_arrival, request.arrival_time)
         program.last_arrival = now

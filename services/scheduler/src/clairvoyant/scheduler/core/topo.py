@@ -6,15 +6,21 @@ both systems it compares with dispatch round robin.  A call's depth is read off 
 parent_request_ids its application sends:
 
     depth(call) = 0                                     no parents
-                = 1 + max(depth(parent) for known parents)   (a parent never seen counts as 0)
+                = 1 + max(depth(parent) for parents)   (a parent never submitted counts as 0)
 
 so the deepest call of a workflow runs first and equal depths go in arrival order (FCFS).
 """
 
 from __future__ import annotations
 
-from clairvoyant.scheduler.core.policies import PRESETS, PRIORITY_POLICIES, SchedulerPreset
-from clairvoyant.scheduler.core.process_table import ProcessTable, ProgramKey, program_key
+from clairvoyant.scheduler.core.policies import (
+    PRESETS,
+    PRIORITY_POLICIES,
+    PriorityChanges,
+    ProgramRows,
+    SchedulerPreset,
+)
+from clairvoyant.scheduler.core.process_table import ProcessTable, program_key
 from clairvoyant.scheduler.core.types import QueuedRequest
 
 
@@ -28,46 +34,30 @@ class TopoDepthPriority:
       the same order.  The scheduler sees no graph, only the parent ids, so depth is what it can
       know without the profiler; ``expected_remaining_steps`` is deliberately not used, so the
       baseline needs no annotations.
-    - A call's depth is fixed the first time it is ranked (every call is ranked before it is
-      placed, so its children find it; with ``FixedPriority`` that is at submit); calls outside
-      any program have depth 0.
-    - Depths of programs that left the process table are forgotten lazily.
+    - A call's depth is fixed when it is first submitted, from the depths of the parents
+      submitted before it: the process table's ``Program.call_depth``, kept for the program's
+      life.  Calls outside any program have depth 0, and so do the calls of a program whose entry
+      is gone while they wait (``end_workflow``).
+    - The value reads only the call and its program's entry, so only the programs an update
+      touched are re-ranked (``IncrementalPriority``); the depth itself does not change.
     """
 
     def __init__(self) -> None:
         self.programs: ProcessTable | None = None
-        self._depth: dict[ProgramKey, dict[str, int]] = {}
+        self._rows = ProgramRows()
 
     def bind_programs(self, table: ProcessTable) -> None:
         self.programs = table
 
     def depth(self, request: QueuedRequest) -> int:
-        key = program_key(request)
-        if key is None or request.app_metadata is None:
-            return 0
-        known = self._depth.get(key)
-        if known is None:
-            self._forget_ended()
-            known = self._depth[key] = {}
-        depth = known.get(request.request_id)
-        if depth is None:
-            parents = request.app_metadata.parent_request_ids
-            depth = 1 + max((known.get(p, 0) for p in parents), default=-1)
-            known[request.request_id] = depth
-        return depth
+        program = self.programs.get(program_key(request)) if self.programs is not None else None
+        return 0 if program is None else program.call_depth.get(request.request_id, 0)
 
     def priority(self, request: QueuedRequest, now: float) -> float:
         return float(self.depth(request))
 
-    def priority_is_fixed(self) -> bool:
-        """A depth is fixed the first time it is computed (at submit), and its parents were
-        submitted, so ranked, before it: the scheduler may keep the queue as a heap."""
-        return True
-
-    def _forget_ended(self) -> None:
-        table = self.programs
-        if table is not None and len(self._depth) > 2 * len(table) + 64:
-            self._depth = {k: v for k, v in self._depth.items() if table.get(k) is not None}
+    def priority_changes(self, now: float) -> PriorityChanges:
+        return self._rows.changes(self.programs)
 
 
 PRESETS.register("topo-depth")(lambda: SchedulerPreset("topo-depth", "round-robin"))
