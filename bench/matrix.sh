@@ -4,7 +4,7 @@
 # profiler annotations, plus the oracle ablation at saturation.  One cell = one `compare` (all
 # presets on the identical instance, seed 0, 64-token blocks) -> bench/results/matrix-<workload>-<load>.json.
 #
-#   bench/matrix.sh                                   # every cell, the seven presets, two at a time
+#   bench/matrix.sh                                   # every cell, the eight presets, two at a time
 #   PRESETS=clairvoyant SUFFIX=-clairvoyant bench/matrix.sh   # more presets later: run, then merged in
 #   ONLY=coding_assistant bench/matrix.sh             # the cells whose name contains this
 #   bench/matrix.sh report                            # tables (stdout) and docs/img/matrix-*.png only
@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 JOBS=${JOBS:-2}
-PRESETS=${PRESETS:-vllm-prodstack,sglang-gw,continuum,autellix,kairos,saga,pythia}
+PRESETS=${PRESETS:-vllm-prodstack,sglang-gw,continuum,autellix,kairos,saga,pythia,clairvoyant}
 SUFFIX=${SUFFIX:-}
 ONLY=${ONLY:-}
 OUT=bench/results
@@ -26,6 +26,14 @@ coding_assistant-light         coding_assistant   8    64   64   profiler
 coding_assistant-mid           coding_assistant   8   256  256   profiler
 coding_assistant-sat           coding_assistant   8   384  384   profiler
 coding_assistant-sat-oracle    coding_assistant   8   384  384   oracle
+swe_agent-light                swe_agent          8     8   12   profiler
+swe_agent-mid                  swe_agent          8    20   30   profiler
+swe_agent-sat                  swe_agent          8    32   48   profiler
+swe_agent-over                 swe_agent          8    48   48   profiler
+swe_agent-over-oracle          swe_agent          8    48   48   oracle
+kairos_mix-light               kairos_mix         8   128  128   profiler
+kairos_mix-mid                 kairos_mix         8   512  512   profiler
+kairos_mix-sat                 kairos_mix         8  1024 1024   profiler
 "
 
 cells() { echo "$CELLS" | awk 'NF == 6' | grep -- "${ONLY}" || true; }

@@ -118,7 +118,8 @@ REPORT_COLUMNS = "| preset | avg JCT s | p95 JCT s | tok/s | avg queue s | preem
 
 
 def report_table(result: dict[str, Any], baseline: str = BASELINE) -> str:
-    """Markdown, one row per preset; "dist" is avg JCT over the critical-path lower bound."""
+    """Markdown, one row per preset (the baseline first); "dist" is avg JCT over the critical-path
+    lower bound."""
     config = result["config"]
     if baseline not in result["policies"]:
         raise ValueError(f"{result['workload']}: no {baseline!r} in {sorted(result['policies'])}")
@@ -130,7 +131,9 @@ def report_table(result: dict[str, Any], baseline: str = BASELINE) -> str:
         REPORT_COLUMNS.format(b=baseline),
         "|---" + "|---:" * 10 + "|",
     ]
-    for preset, m in result["policies"].items():
+    presets = [baseline, *sorted(p for p in result["policies"] if p != baseline)]
+    for preset in presets:
+        m = result["policies"][preset]
         lines.append(
             f"| {preset} | {m['avg_jct_s']:.1f} | {m['p95_jct_s']:.1f} | {m['throughput_tok_s']:,.0f} "
             f"| {m['avg_queue_s']:.2f} | {m['preemptions']} | {m['cache_hit_ratio']:.3f} "
