@@ -40,7 +40,7 @@ from clairvoyant.scheduler.core.policies import (
     build_policies,
     eligible_workers,
 )
-from clairvoyant.scheduler.core.process_table import ProcessTable, ProgramKey, program_key
+from clairvoyant.scheduler.core.process_table import ChangeFeed, ProcessTable, ProgramKey, program_key
 from clairvoyant.scheduler.core.types import (
     Completion,
     Decision,
@@ -57,8 +57,8 @@ from clairvoyant.scheduler.core.types import (
 class SchedulerAware(Protocol):
     def bind_scheduler(self, scheduler: GlobalScheduler) -> None:
         """Called once by the scheduler that the policy serves.  The policy may keep it and call its
-        read-only methods (``queue_depth``, ``queued_requests``, ``placed_requests``, ``agent_model``,
-        ``workers``), never the ones that change it."""
+        read-only methods (``queue_depth``, ``queued_requests``, ``queued_calls``, ``placed_requests``,
+        ``agent_model``, ``workers``) and ``watch_queued_programs``, never the ones that change it."""
         ...
 
 
@@ -134,7 +134,8 @@ class GlobalScheduler:
         self._order: dict[str, int] = {}  # queued request id -> submission number
         self._to_evaluate: dict[str, dict[str, None]] = {}  # model -> ids, an ordered set
         self._evaluate_all: set[str] = set()  # models whose every queued request is to evaluate
-        self._queued_by_program: dict[ProgramKey, dict[str, str]] = {}  # program -> id -> model
+        self._queued_by_program: dict[ProgramKey, dict[str, QueuedRequest]] = {}  # in submission order
+        self._queue_feeds: list[ChangeFeed] = []  # ``watch_queued_programs``
         self.programs = ProcessTable(program_idle_ttl_s)
         for policy in (priority, routing):
             if isinstance(policy, ProgramAware):
@@ -189,9 +190,11 @@ class GlobalScheduler:
             self._submitted += 1
             self._order[request.request_id] = self._submitted
             self._to_evaluate.setdefault(request.model, {})[request.request_id] = None
-            key = program_key(request)
-            if key is not None:
-                self._queued_by_program.setdefault(key, {})[request.request_id] = request.model
+        key = program_key(request)
+        if key is not None:
+            self._queued_by_program.setdefault(key, {})[request.request_id] = request
+            for feed in self._queue_feeds:
+                feed.add(key)
         if request.app_metadata is not None:
             meta = request.app_metadata
             self._agent_models[(meta.workflow_type_id, meta.agent_id)] = request.model
@@ -314,8 +317,8 @@ class GlobalScheduler:
         if changes.everything:
             self._evaluate_all.update(self._queues)
         for key in changes.programs:
-            for rid, program_model in self._queued_by_program.get(key, {}).items():
-                self._to_evaluate.setdefault(program_model, {})[rid] = None
+            for rid, held in self._queued_by_program.get(key, {}).items():
+                self._to_evaluate.setdefault(held.model, {})[rid] = None
         for rid in changes.requests:
             held_model = next((m for m, q in self._queues.items() if rid in q), None)
             if held_model is not None:
@@ -345,18 +348,19 @@ class GlobalScheduler:
 
     def _unqueued(self, request: QueuedRequest) -> None:
         """``request`` left its queue (placed, cancelled or rejected): forget its ranking state."""
-        if self._incremental is None:
-            return
         rid = request.request_id
-        self._entries.pop(rid, None)
-        self._order.pop(rid, None)
-        self._to_evaluate.get(request.model, {}).pop(rid, None)
         key = program_key(request)
         held = self._queued_by_program.get(key) if key is not None else None
         if held is not None:
             held.pop(rid, None)
             if not held:
                 del self._queued_by_program[key]  # type: ignore[arg-type]
+            for feed in self._queue_feeds:
+                feed.add(key)  # type: ignore[arg-type]
+        if self._incremental is not None:
+            self._entries.pop(rid, None)
+            self._order.pop(rid, None)
+            self._to_evaluate.get(request.model, {}).pop(rid, None)
 
     # ---- workers --------------------------------------------------------------------------------
 
@@ -447,6 +451,22 @@ class GlobalScheduler:
         queues = self._queues.values() if model is None else [self._queues.get(model, {})]
         return [request for queue in queues for request in queue.values()]
 
+    def queued_calls(self, key: ProgramKey) -> list[QueuedRequest]:
+        """The calls of program ``key`` waiting in the global queues, in submission order."""
+        return list(self._queued_by_program.get(key, {}).values())
+
+    def queued_programs(self) -> list[ProgramKey]:
+        """The programs with at least one call waiting in the global queues."""
+        return list(self._queued_by_program)
+
+    def watch_queued_programs(self) -> ChangeFeed:
+        """A feed of the programs whose waiting calls change from now on (a call of theirs is
+        queued, placed, cancelled or rejected); the one call a ``SchedulerAware`` policy may make
+        that is not a pure read, as it changes nothing the scheduler decides with."""
+        feed = ChangeFeed()
+        self._queue_feeds.append(feed)
+        return feed
+
     def placed_requests(self, worker_id: str) -> list[QueuedRequest]:
         """The requests holding a placement on ``worker_id``, in placement order."""
         return [p.request for p in self._placements.values() if p.worker_id == worker_id]
@@ -481,6 +501,9 @@ class GlobalScheduler:
             assert len(queue) <= self.max_queue_per_model, f"queue {model} over capacity"
             for rid, request in queue.items():
                 assert request.model == model and rid not in self._placements, f"{rid} queued twice"
+        by_program = {(k, rid) for k, held in self._queued_by_program.items() for rid in held}
+        expected = {(k, r.request_id) for q in self._queues.values() for r in q.values() if (k := program_key(r))}
+        assert by_program == expected, "program index drifted"
         if self._incremental is not None:
             self._check_incremental()
         self.programs.check_integrity()
@@ -489,9 +512,6 @@ class GlobalScheduler:
         queued = {rid: r for q in self._queues.values() for rid, r in q.items()}
         assert set(self._order) == set(queued), "submission numbers drifted"
         assert set(self._entries) <= set(queued), "an entry of a request no longer queued"
-        by_program = {(k, rid) for k, held in self._queued_by_program.items() for rid in held}
-        expected = {(k, rid) for rid, r in queued.items() if (k := program_key(r)) is not None}
-        assert by_program == expected, "program index drifted"
         for model, queue in self._queues.items():
             heap_ids = {id(entry) for entry in self._heaps.get(model, ())}
             pending = self._to_evaluate.get(model, {})

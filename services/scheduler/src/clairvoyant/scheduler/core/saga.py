@@ -38,7 +38,7 @@ from clairvoyant.scheduler.core.policies import (
     SchedulerPreset,
     eligible_workers,
 )
-from clairvoyant.scheduler.core.process_table import ProcessTable, ProgramKey, program_key
+from clairvoyant.scheduler.core.process_table import ChangeFeed, ProcessTable, ProgramKey, program_key
 from clairvoyant.scheduler.core.pythia import trusted_annotations
 from clairvoyant.scheduler.core.types import QueuedRequest, WorkerView
 
@@ -188,6 +188,12 @@ class SagaAffinityRouting:
     the instant it emptied.  ``plan_steals`` decides; a steal re-pins the session to the thief.  The
     steals are kept in ``steals`` (all so far, in order) for diagnostics.
 
+    Cost: the pending sessions are kept per worker and updated only for the programs whose waiting
+    calls or pin changed since the previous dispatch (``GlobalScheduler.watch_queued_programs``,
+    the process table's feed, and this policy's own re-pins), and ``plan_steals`` runs only when
+    some worker has been empty long enough to steal; the decisions are those of a full scan, which
+    ``cache = False`` restores (the tests compare the two).
+
     ``kv_source`` (the scheduler's ``MigratesKv`` hook) names the victim at the stolen session's
     next placement: the KV is still where the session ran (§5.2 step 3 migrates it "to" the thief
     before the affinity moves, step 4).  Readings: only that one placement migrates (later calls
@@ -210,6 +216,13 @@ class SagaAffinityRouting:
         self._rng = random.Random(self.config.seed)
         self._scheduler: GlobalScheduler | None = None
         self._empty_since: dict[str, float] = {}
+        # Pending sessions: program -> (its worker, the session), and per worker; the feeds say
+        # which programs to look at again, ``_repinned`` the ones this policy moved.
+        self._pending_of: dict[ProgramKey, tuple[str, PendingSession]] = {}
+        self._pending: dict[str, dict[ProgramKey, PendingSession]] = {}
+        self._feeds: tuple[ChangeFeed, ChangeFeed] | None = None
+        self._repinned: set[ProgramKey] = set()
+        self.cache = True  # False: rescan every queued call and run plan_steals at every dispatch
 
     def bind_programs(self, table: ProcessTable) -> None:
         self.programs = table
@@ -233,8 +246,9 @@ class SagaAffinityRouting:
         chosen = min(
             candidates, key=lambda w: (worker_load(w), w.worker_id != pin, w.placed, w.worker_id)
         ).worker_id
-        if program is not None:
+        if program is not None and program.engine_id != chosen:
             program.engine_id = chosen
+            self._repinned.add(program.key)
         return chosen
 
     def rebalance(self, now: float) -> None:
@@ -249,44 +263,66 @@ class SagaAffinityRouting:
         """Sample the queues, decide (``plan_steals``) and re-pin; the steals made at ``now``."""
         if self._scheduler is None:
             return []
+        self._update_pending(self._scheduler)
         workers = self._scheduler.workers()
-        pending: dict[str, dict[ProgramKey, PendingSession]] = {w.worker_id: {} for w in workers}
-        for request in self._scheduler.queued_requests():
-            program = self.programs.of(request)
-            if program is None or program.engine_id not in pending:
-                continue
-            sessions = pending[program.engine_id]
-            held = sessions.get(program.key)
-            sessions[program.key] = (
-                PendingSession(program.key, request.arrival_time, 1, request.exclude_workers)
-                if held is None
-                else PendingSession(
-                    program.key,
-                    min(held.oldest_arrival, request.arrival_time),
-                    held.calls + 1,
-                    held.excluded | request.exclude_workers,
-                )
-            )
-        queues: list[WorkerQueue] = []
+        may_steal = False
         for worker in workers:
             wid = worker.worker_id
-            if pending[wid] or worker.queued:
+            if self._pending.get(wid) or worker.queued:
                 self._empty_since.pop(wid, None)
             else:
-                self._empty_since.setdefault(wid, now)
-            queues.append(WorkerQueue(worker, tuple(pending[wid].values()), self._empty_since.get(wid)))
-        for gone in set(self._empty_since) - set(pending):
+                since = self._empty_since.setdefault(wid, now)
+                may_steal |= not worker.draining and now - since >= self.config.steal_after_s - _SLACK
+        live = {w.worker_id for w in workers}
+        for gone in set(self._empty_since) - live:
             del self._empty_since[gone]
-        steals = plan_steals(queues, now, self._rng, self.config)
+        steals: list[Steal] = []
+        if may_steal or not self.cache:  # else no thief: plan_steals would take nothing (and draw nothing)
+            queues = [
+                WorkerQueue(w, tuple(self._pending.get(w.worker_id, {}).values()), self._empty_since.get(w.worker_id))
+                for w in workers
+            ]
+            steals = plan_steals(queues, now, self._rng, self.config)
         for steal in steals:
             program = self.programs.get(steal.session)
             assert program is not None
             program.engine_id = steal.thief
+            self._repinned.add(steal.session)
             self._kv_at.setdefault(steal.session, steal.victim)
         for ended in [key for key in self._kv_at if self.programs.get(key) is None]:
             del self._kv_at[ended]  # the session ended before a call of it was placed again
         self.steals += steals
         return steals
+
+    def _update_pending(self, scheduler: GlobalScheduler) -> None:
+        """Bring the pending sessions up to date for the programs that changed since last time."""
+        if self._feeds is None or not self.cache:
+            if self._feeds is None:
+                self._feeds = (scheduler.watch_queued_programs(), self.programs.subscribe())
+            changed = set(scheduler.queued_programs()) | set(self._pending_of)
+        else:
+            changed = self._feeds[0].take() | self._feeds[1].take()
+        changed |= self._repinned
+        self._repinned = set()
+        for key in changed:
+            held = self._pending_of.pop(key, None)
+            if held is not None:
+                sessions = self._pending[held[0]]
+                del sessions[key]
+                if not sessions:
+                    del self._pending[held[0]]
+            program = self.programs.get(key)
+            calls = scheduler.queued_calls(key) if program is not None and program.engine_id is not None else []
+            if program is None or program.engine_id is None or not calls:
+                continue
+            session = PendingSession(
+                key,
+                min(r.arrival_time for r in calls),
+                len(calls),
+                frozenset().union(*(r.exclude_workers for r in calls)),
+            )
+            self._pending_of[key] = (program.engine_id, session)
+            self._pending.setdefault(program.engine_id, {})[key] = session
 
 
 # ---- priority: Agent Fair Share, §6 --------------------------------------------------------------
