@@ -337,8 +337,8 @@ class GlobalScheduler:
         for rid in self._to_evaluate.pop(model, {}):
             request = queue[rid]
             negated = -priority_of(request, now)
-            held = self._entries.get(rid)
-            if held is None or held[0] != negated:
+            keyed = self._entries.get(rid)
+            if keyed is None or keyed[0] != negated:
                 entry = self._entries[rid] = (negated, request.arrival_time, self._order[rid], request)
                 heapq.heappush(heap, entry)
         if len(heap) > 2 * len(queue) + 64:  # re-keyed and placed requests' entries: drop them
