@@ -24,6 +24,7 @@ from clairvoyant.bench import (  # noqa: F401
     sweep,
 )
 from clairvoyant.bench.common import BENCHMARKS, RESULTS_DIR, load_average, progress, report
+from clairvoyant.bench.live import compare as live_compare  # noqa: F401  (registers live-compare)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,9 @@
 - ``prompts``: prompt text with the simulator's token structure (exact lengths on emulated workers);
 - ``cluster``: what the stack serves and runs, and the checks made before the first request;
 - ``run``: one live experiment -> the metrics dict of ``--mode sim``;
-- ``validate``: the ``sim-vs-live`` benchmark (a stack of emulated workers against the simulator).
+- ``validate``: the ``sim-vs-live`` benchmark (a stack of emulated workers against the simulator);
+- ``fleet``: emulated workers of several models behind our gateway, with a restartable scheduler;
+- ``compare``: the ``live-compare`` benchmark (our gateway under two presets against sglang-router).
 
 A live run measures the one preset the running scheduler uses; comparing presets live means one
 stack (re)start per preset.  See docs/benchmarks.md, "Simulator against live".

@@ -66,10 +66,13 @@ class LiveDriver:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
         on_workflow_done: Callable[[WorkflowRecord], None] | None = None,
+        model_clients: Mapping[str, openai.AsyncOpenAI] | None = None,
     ) -> None:
         """``run_tag`` is appended to each ``app_metadata.workflow_id`` (``wf-00003@<tag>``) so that
-        two runs of one instance are two sets of workflows to the profiler."""
+        two runs of one instance are two sets of workflows to the profiler.  ``model_clients``: a
+        call of a model listed there goes to that client instead (e.g. one router per model)."""
         self.client = client
+        self.model_clients = dict(model_clients or {})
         self.service_times = dict(service_times)
         self.prompts = TextPrompts(seed)
         self.run_tag = run_tag
@@ -79,6 +82,7 @@ class LiveDriver:
         self._t0 = 0.0
         self.records = RunRecords()
         self.prompt_length_mismatches = 0  # calls whose worker-counted prompt differs from the program's
+        self.calls_without_usage = 0  # calls whose server reported no usage (tokens = text chunks)
 
     def now(self) -> float:
         return self._clock() - self._t0
@@ -159,8 +163,9 @@ class LiveDriver:
         pieces: list[str] = []  # one per text chunk
         response_id = ""
         usage = None
+        client = self.model_clients.get(call.model, self.client)
         try:
-            stream = await self.client.completions.create(
+            stream = await client.completions.create(
                 model=call.model,
                 prompt=text,
                 max_tokens=call.output_tokens,
@@ -178,9 +183,9 @@ class LiveDriver:
                 if chunk.usage is not None:
                     usage = chunk.usage
         except openai.APIConnectionError as exc:
-            raise LiveModeError(f"{call.call_id}: lost the gateway at {self.client.base_url} ({exc.__cause__ or exc})") from None
+            raise LiveModeError(f"{call.call_id}: lost the server at {client.base_url} ({exc.__cause__ or exc})") from None
         except openai.APIError as exc:
-            raise LiveModeError(f"{call.call_id}: the gateway answered {exc.message}") from None
+            raise LiveModeError(f"{call.call_id}: the server at {client.base_url} answered {exc.message}") from None
         record.end_time = self.now()
         if usage is not None:
             self.prompt_length_mismatches += usage.prompt_tokens != call.prompt_tokens
@@ -189,6 +194,7 @@ class LiveDriver:
             details = usage.prompt_tokens_details
             record.cached_tokens = (details.cached_tokens or 0) if details is not None else 0
         else:  # a server that reports no usage: one token per text chunk, as streams go
+            self.calls_without_usage += 1
             record.generated_tokens = len(pieces)
         if record.first_token_time is None:
             record.first_token_time = record.end_time

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,11 +18,12 @@ import openai
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from clairvoyant.bench.common import progress
+from clairvoyant.bench.common import percentile, progress
 from clairvoyant.bench.experiment import QUEUE_SERIES_POINTS, ExperimentConfig, build_cluster, instance
 from clairvoyant.bench.live.cluster import (
     LiveCluster,
     LiveModeError,
+    LiveWorker,
     check_models,
     check_policies,
     preemptions_total,
@@ -46,6 +47,7 @@ class LiveOptions:
     scheduler: str | None = DEFAULT_SCHEDULER  # where to read the running preset; None: trust the name given
     request_timeout_s: float = 900.0
     show_progress: bool = True
+    prompt_seed: int | None = None  # seeds the prompt text; None: the run's seed (same instance, other text)
 
 
 def cluster_warnings(config: ExperimentConfig, replicas: Sequence[ReplicaSpec], cluster: LiveCluster) -> list[str]:
@@ -90,48 +92,74 @@ async def _run_live(config: ExperimentConfig, policies: Sequence[str], options: 
         cluster = await probe(client, options.scheduler)
         policy = check_policies(policies, cluster.policy)
         check_models(workload.served_models(), cluster.models)
-        replicas, service = build_cluster(workload, config)
+        replicas, _ = build_cluster(workload, config)
         warnings = cluster_warnings(config, replicas, cluster)
         for warning in warnings:
             progress(f"warning: {warning}")
-        arrivals, backlog = instance(workload, config)
-        arrivals = [(t, scale_tools(p, options.time_scale)) for t, p in arrivals]
-        backlog = [scale_tools(p, options.time_scale) for p in backlog]
-        run_tag = f"{int(time.time() * 1000):x}"
-        preempted_before = await preemptions_total(cluster.workers)
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, console=Console(stderr=True), disable=not options.show_progress) as bar:
-            task = bar.add_task(f"live {config.workload} ({policy})", total=config.workflows)
+        result = await drive(config, client, options, label=policy, workers=cluster.workers)
+    result["live"]["policy_source"] = "scheduler" if cluster.policy is not None else "command line (not checked)"
+    result["live"]["warnings"] = warnings
+    return {policy: result}
 
-            def done(_: WorkflowRecord) -> None:
-                bar.advance(task)
 
-            driver = LiveDriver(client, service, seed=config.seed, run_tag=run_tag, on_workflow_done=done)
-            started = time.perf_counter()
-            records = await driver.run(arrivals, backlog)
-            wall = time.perf_counter() - started
-        preempted_after = await preemptions_total(cluster.workers)
+async def drive(
+    config: ExperimentConfig,
+    client: openai.AsyncOpenAI,
+    options: LiveOptions,
+    *,
+    label: str,
+    workers: Sequence[LiveWorker] = (),
+    model_clients: Mapping[str, openai.AsyncOpenAI] | None = None,
+) -> dict[str, Any]:
+    """``config``'s instance sent through ``client`` (or, per model, ``model_clients``): the metrics
+    of ``--mode sim`` plus TTFT percentiles and a ``live`` block.  ``workers``: whose preemption
+    counters to read before and after (none: not read).  Raises LiveModeError."""
+    workload = get_workload(config.workload)
+    _, service = build_cluster(workload, config)
+    arrivals, backlog = instance(workload, config)
+    arrivals = [(t, scale_tools(p, options.time_scale)) for t, p in arrivals]
+    backlog = [scale_tools(p, options.time_scale) for p in backlog]
+    run_tag = f"{int(time.time() * 1000):x}"
+    preempted_before = await preemptions_total(workers)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), disable=not options.show_progress) as bar:
+        task = bar.add_task(f"live {config.workload} ({label})", total=config.workflows)
+
+        def done(_: WorkflowRecord) -> None:
+            bar.advance(task)
+
+        prompt_seed = config.seed if options.prompt_seed is None else options.prompt_seed
+        driver = LiveDriver(
+            client, service, seed=prompt_seed, run_tag=run_tag, on_workflow_done=done, model_clients=model_clients
+        )
+        started = time.perf_counter()
+        records = await driver.run(arrivals, backlog)
+        wall = time.perf_counter() - started
+    preempted_after = await preemptions_total(workers)
     if preempted_before is not None and preempted_after is not None:
         records.preemptions = preempted_after - preempted_before
     result = summarize(records)
     result["wall_seconds"] = wall
-    result["replicas"] = {w.worker_id: w.model for w in cluster.workers}
+    result["replicas"] = {w.worker_id: w.model for w in workers}
     result["jct_s"] = jct_list(records)
     result["queue_depth_series"] = queue_depth_series(records, points=QUEUE_SERIES_POINTS)
     finished = [c for c in records.calls if c.end_time is not None]
+    ttft = [c.first_token_time - c.ready_time for c in finished if c.first_token_time is not None]
+    result["ttft_p50_s"] = percentile(ttft, 50)
+    result["ttft_p99_s"] = percentile(ttft, 99)
     result["live"] = {
-        "base_url": options.base_url,
+        "base_url": str(client.base_url),
         "time_scale": options.time_scale,
-        "policy_source": "scheduler" if cluster.policy is not None else "command line (not checked)",
+        "prompt_seed": prompt_seed,
         "run_tag": run_tag,
         "preemptions_read": preempted_before is not None and preempted_after is not None,
         # Calls whose prompt the worker counted otherwise than the workload asked (0 with an emulated
         # worker's byte tokenizer; a real tokenizer makes it most of them).
         "prompt_length_mismatches": driver.prompt_length_mismatches,
+        # Calls whose server sent no usage (the driver then counts text chunks as tokens).
+        "calls_without_usage": driver.calls_without_usage,
         "generated_tokens": sum(c.generated_tokens for c in finished),
         "prompt_tokens": sum(c.prompt_tokens for c in finished),
         "lower_bound_s": [w.lower_bound_s for w in records.workflows if w.end_time is not None],  # as jct_s
-        "warnings": warnings,
     }
-    return {policy: result}
-
+    return result
