@@ -35,7 +35,9 @@ class Worker:
 
 @asynccontextmanager
 async def serve(runner: ModelRunner, worker_id: str, num_blocks: int = 32) -> AsyncIterator[Worker]:
-    engine = AsyncEngine(LLMEngine(runner, EngineConfig(block_size=16, num_blocks=num_blocks, max_num_seqs=4)))
+    engine = AsyncEngine(
+        LLMEngine(runner, EngineConfig(block_size=16, num_blocks=num_blocks, max_num_seqs=4))
+    )
     engine.start()
     slept: list[float] = []
 
@@ -166,7 +168,10 @@ async def test_import_errors_change_nothing() -> None:
             "another model": (other_model, grpc.StatusCode.INVALID_ARGUMENT),
             "a wrong shape": (bad_shape, grpc.StatusCode.INVALID_ARGUMENT),
             "an early end": (chunks[:-1], grpc.StatusCode.INVALID_ARGUMENT),
-            "layers out of order": ([chunks[0], chunks[2], chunks[1], *chunks[3:]], grpc.StatusCode.INVALID_ARGUMENT),
+            "layers out of order": (
+                [chunks[0], chunks[2], chunks[1], *chunks[3:]],
+                grpc.StatusCode.INVALID_ARGUMENT,
+            ),
             "an empty stream": ([], grpc.StatusCode.INVALID_ARGUMENT),
             "no room (5 blocks into 3)": (chunks, grpc.StatusCode.RESOURCE_EXHAUSTED),
         }

@@ -53,7 +53,11 @@ def test_export_then_import_copies_the_tensors_and_the_next_request_hits() -> No
     assert prefix.token_ids == tuple(PROMPT[:32])
     info = source.runner.info
     assert prefix.kv is not None
-    assert tuple(prefix.kv.shape) == (info.num_layers, 2, 32, info.num_kv_heads, info.head_dim) == (4, 2, 32, 2, 64)
+    assert (
+        tuple(prefix.kv.shape)
+        == (info.num_layers, 2, 32, info.num_kv_heads, info.head_dim)
+        == (4, 2, 32, 2, 64)
+    )
 
     result = import_prefix(target.kv, target.runner, prefix)
     assert result is not None and (result.cached_tokens, result.imported_tokens) == (32, 32)

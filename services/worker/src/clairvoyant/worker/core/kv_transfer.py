@@ -68,13 +68,14 @@ def export_prefix(
     workflow_id: str | None = None,
 ) -> KvPrefix | None:
     """The longest cached prefix of ``token_ids`` or, without them, ``workflow_id``'s session path
-    (``RadixCache.session_path``); None when nothing of it is cached.  Changes nothing but the
-    cache's recency (a lookup by tokens counts as a use)."""
+    (``RadixCache.session_path``); None when nothing of it is cached.  ``workflow_id`` also names
+    the session the importer tags the blocks with.  Changes nothing, not even the cache's recency:
+    a read for another worker is not a use here."""
     cache = kv.cache
     if cache is None:
         return None
     if token_ids is not None:
-        blocks = cache.match(namespace, token_ids, len(token_ids) // kv.block_size)
+        blocks = cache.peek(namespace, token_ids, len(token_ids) // kv.block_size)
         tokens = list(token_ids[: len(blocks) * kv.block_size])
     elif workflow_id is not None:
         blocks, tokens = cache.session_path(namespace, workflow_id)

@@ -94,6 +94,18 @@ class RadixCache:
             node = child
         return blocks
 
+    def peek(self, namespace: Namespace, token_ids: Sequence[int], max_blocks: int) -> list[int]:
+        """``match`` without marking the blocks used: for reads on behalf of another worker (a KV
+        export) or a plan, which must not change the eviction order."""
+        node = self._roots.get(namespace)
+        blocks: list[int] = []
+        while node is not None and len(blocks) < max_blocks:
+            start = len(blocks) * self.block_size
+            node = node.children.get(tuple(token_ids[start : start + self.block_size]))
+            if node is not None:
+                blocks.append(node.block_id)
+        return blocks
+
     def insert(
         self,
         namespace: Namespace,
