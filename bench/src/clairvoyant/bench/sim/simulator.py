@@ -20,6 +20,20 @@ execution time (the steps it was in a batch), a workflow's end closes its proces
 a preset with an engine-side rule (Autellix's K queues) gets one rule per replica, sharing the
 scheduler's process table.  With an ``annotator`` (annotations.py), each call is submitted with the
 annotations it returns when the call becomes ready, and learns of each call that finishes.
+
+KV migration (``migrate_kv``, on by default): a placement whose ``Decision.kv_source`` names another
+replica (SAGA's stolen sessions) exports from it, at once, the cached prefix of the call's prompt
+(the live worker's ExportKV by tokens; the live scheduler, which has no tokens, exports the
+session's path instead), and the call joins its new replica only when the transfer is done: after
+``EmulatesKvTransfer.kv_transfer_seconds(exported tokens)`` (the cost model's inter-node link), when
+the prefix is imported into the new replica's radix cache.  The rule: the call waits for the
+transfer only when it is shorter than recomputing what it would save, one batch-1 prefill of the
+whole blocks of the prompt that the prefix covers and the new replica does not cache
+(``recompute_seconds``); otherwise, or when nothing would be saved, the call starts at once and
+recomputes.  Neither replica stalls meanwhile (the NICs move the KV), and the source keeps its
+copy.  ``migrations`` lists the transfers made.  Exports and plans only peek at the caches, and an
+import that lands during a decode run waits for the step in flight to commit (the run is cut
+there), so fast-forwarded runs still equal step-by-step ones.
 """
 
 from __future__ import annotations
@@ -29,7 +43,7 @@ import gc
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -40,11 +54,12 @@ from clairvoyant.bench.sim.lower_bound import ServiceTime, lower_bound
 from clairvoyant.bench.sim.prompts import PromptBook
 from clairvoyant.bench.workloads.program import Call, WorkflowProgram
 from clairvoyant.core.app_metadata import AppMetadata
-from clairvoyant.scheduler.core import GlobalScheduler, QueuedRequest, WorkerReport
+from clairvoyant.scheduler.core import Decision, GlobalScheduler, QueuedRequest, WorkerReport
 from clairvoyant.worker.core.engine import DecodeRun, EngineConfig, EngineRequest, LLMEngine, RequestOutput
+from clairvoyant.worker.core.kv_transfer import KvPrefix, export_prefix, import_prefix
 from clairvoyant.worker.core.sampling import SamplingParams
 from clairvoyant.worker.core.types import Lineage
-from clairvoyant.worker.runners.base import ModelRunner
+from clairvoyant.worker.runners.base import EmulatesKvTransfer, ModelRunner
 
 if TYPE_CHECKING:
     from clairvoyant.bench.sim.annotations import Annotator
@@ -57,6 +72,18 @@ class SteppedRunner(ModelRunner, Protocol):
     """A runner that says how long its last ``forward`` took (in virtual seconds)."""
 
     last_step_seconds: float
+
+
+class Migration(NamedTuple):
+    """A KV transfer the simulator made for a placement (``Decision.kv_source``)."""
+
+    call_id: str  # the call that waited for it
+    source: str  # replica the session's KV was exported from
+    target: str  # replica it was imported into, where the call runs
+    tokens: int  # exported (and charged) tokens: the whole blocks of the prompt the source caches
+    saved_tokens: int  # of which the call's prompt would have recomputed on the target
+    start: float  # virtual time of the placement
+    end: float  # start + the transfer's modelled seconds: the call joins the target then
 
 
 @dataclass(frozen=True)
@@ -86,6 +113,7 @@ class _Replica:
         self.engine = LLMEngine(spec.runner, spec.config, clock=clock)
         self.busy = False
         self.run: _Run | None = None
+        self.imports: list[KvPrefix] = []  # arrived during a run: cached once its step in flight commits
 
     def report(self, kv_blocks_used: int | None = None) -> WorkerReport:
         stats = self.engine.stats()
@@ -112,13 +140,18 @@ class Simulator:
         fast_forward: bool = True,
         scheduler: GlobalScheduler | None = None,
         annotator: Annotator | None = None,
+        migrate_kv: bool = True,
     ) -> None:
         """``service_times``: each model's batch-1 service time, for the lower bound (none: 0).
         ``fast_forward``: take decode runs in one event (the results are the same).
         ``scheduler``: a scheduler built by the caller (policies with non-default parameters)
         instead of ``preset``'s; it must have no workers yet.
-        ``annotator``: gives each call its annotations (none: every call is unannotated)."""
+        ``annotator``: gives each call its annotations (none: every call is unannotated).
+        ``migrate_kv``: move a session's KV where ``Decision.kv_source`` says (the module's rule);
+        off: such calls recompute."""
         self.service_times = dict(service_times or {})
+        self.migrate_kv = migrate_kv
+        self.migrations: list[Migration] = []
         self.fast_forward = fast_forward
         self.annotator = annotator
         self.events = EventQueue()
@@ -237,21 +270,78 @@ class Simulator:
         decisions = self.scheduler.dispatch(now)
         for decision in decisions:
             record = self._calls[decision.request_id]
-            program = self._programs[record.workflow_id]
-            call = program.call(decision.request_id)
             replica = self.replicas[decision.worker_id]
             record.worker_id, record.dispatch_time = replica.worker_id, now
-            try:
-                self._add_request(replica, program, call, decision.base_priority)
-            except ValueError as exc:  # what a live worker answers with INVALID_ARGUMENT
-                self._reject(record, str(exc), now)
-                continue
-            self._outputs[call.call_id] = []
-            if replica.run is not None:
-                self._cut(replica, replica.run, now)
-            self._wake(replica)
+            migration = self._migration(decision, record.workflow_id) if self.migrate_kv else None
+            if migration is None:
+                self._start(replica, record, decision.base_priority)
+            else:
+                prefix, end = migration
+                start = partial(self._migrated, replica, record, decision.base_priority, prefix)
+                self.events.at(end, Phase.READY, start)
         if decisions or self._submitted:  # nothing else changes a queue's depth
             self._record_depths(now)
+
+    def _start(self, replica: _Replica, record: CallRecord, priority: float) -> None:
+        """Hand a placed call to its replica's engine (or record the replica's refusal)."""
+        program = self._programs[record.workflow_id]
+        call = program.call(record.call_id)
+        now = self.events.now
+        try:
+            self._add_request(replica, program, call, priority)
+        except ValueError as exc:  # what a live worker answers with INVALID_ARGUMENT
+            self._reject(record, str(exc), now)
+            return
+        self._outputs[call.call_id] = []
+        if replica.run is not None:
+            self._cut(replica, replica.run, now)
+        self._wake(replica)
+
+    def _migration(self, decision: Decision, workflow_id: str) -> tuple[KvPrefix, float] | None:
+        """The session's prefix to move for ``decision`` and when the move ends, if the module's
+        rule says to move it; the move is recorded in ``migrations``."""
+        source = self.replicas.get(decision.kv_source or "")
+        target = self.replicas[decision.worker_id]
+        runner = target.runner
+        if source is None or source is target or not isinstance(runner, EmulatesKvTransfer):
+            return None
+        program = self._programs[workflow_id]
+        prompt = self.prompts.prompt(program.workflow_type, program.call(decision.request_id))
+        kv = source.engine.kv
+        prefix = export_prefix(kv, source.runner, TENANT, token_ids=prompt, workflow_id=workflow_id)
+        if prefix is None:
+            return None
+        saved = self._saved_tokens(target, prefix, len(prompt))
+        seconds = runner.kv_transfer_seconds(prefix.num_tokens)
+        if saved == 0 or seconds >= runner.recompute_seconds(saved):
+            return None
+        now = self.events.now
+        move = Migration(
+            decision.request_id, source.worker_id, target.worker_id, prefix.num_tokens, saved, now, now + seconds
+        )
+        self.migrations.append(move)
+        return prefix, move.end
+
+    @staticmethod
+    def _saved_tokens(target: _Replica, prefix: KvPrefix, prompt_tokens: int) -> int:
+        """Tokens of the prompt that ``prefix`` (a prefix of it) covers and ``target`` does not
+        cache yet, in whole blocks short of the prompt's last token (as the engine matches)."""
+        kv = target.engine.kv
+        if kv.cache is None:
+            return 0
+        blocks = min(prefix.num_tokens, prompt_tokens - 1) // kv.block_size
+        cached = len(kv.cache.peek(TENANT, prefix.token_ids, blocks))
+        return (blocks - cached) * kv.block_size
+
+    def _migrated(self, replica: _Replica, record: CallRecord, priority: float, prefix: KvPrefix) -> None:
+        """The transfer is done: the prefix joins the replica's cache (unless its pool is full
+        then: the call recomputes), and the call starts."""
+        if replica.run is None:
+            import_prefix(replica.engine.kv, replica.runner, prefix)
+        else:  # step by step, the step in flight has cached its blocks already: import after it
+            self._cut(replica, replica.run, self.events.now)
+            replica.imports.append(prefix)
+        self._start(replica, record, priority)
 
     def _add_request(self, replica: _Replica, program: WorkflowProgram, call: Call, priority: float) -> None:
         replica.engine.add_request(
@@ -334,7 +424,11 @@ class Simulator:
         elapsed = run.ends[steps - 1] - run.start
         for seq in run.plan.seqs:
             self._service[seq.request_id] = self._service.get(seq.request_id, 0.0) + elapsed
-        self._step_done(replica, replica.engine.advance_decode(run.plan, steps))
+        outputs = replica.engine.advance_decode(run.plan, steps)
+        for prefix in replica.imports:
+            import_prefix(replica.engine.kv, replica.runner, prefix)
+        replica.imports.clear()
+        self._step_done(replica, outputs)
 
     def _cut(self, replica: _Replica, run: _Run, now: float) -> None:
         """A call joined ``replica`` mid-run: end the run with the step in flight at ``now``."""
