@@ -16,12 +16,19 @@ pytestmark = pytest.mark.unit
 
 
 def call(rid: str, session: str, t: float) -> QueuedRequest:
-    return QueuedRequest(rid, "t", "m", t, prompt_tokens=100, max_tokens=8, app_metadata=AppMetadata("wf", session, "a"))
+    return QueuedRequest(
+        rid, "t", "m", t, prompt_tokens=100, max_tokens=8, app_metadata=AppMetadata("wf", session, "a")
+    )
 
 
 def report(worker_id: str, max_batch: int, kv_used: int = 0, kv_total: int = 0) -> WorkerReport:
     return WorkerReport(
-        worker_id, "m", f"{worker_id}:1", max_batch=max_batch, kv_blocks_used=kv_used, kv_blocks_total=kv_total
+        worker_id,
+        "m",
+        f"{worker_id}:1",
+        max_batch=max_batch,
+        kv_blocks_used=kv_used,
+        kv_blocks_total=kv_total,
     )
 
 

@@ -14,6 +14,7 @@ from clairvoyant.core.clock import Clock, SystemClock
 from clairvoyant.core.grpcutil import add_health, mark_serving, new_server
 from clairvoyant.scheduler.config import SchedulerSettings
 from clairvoyant.scheduler.core import GlobalScheduler
+from clairvoyant.scheduler.kv_migration import KvMover
 from clairvoyant.scheduler.service import SchedulerServicer
 
 logger = logging.getLogger(__name__)
@@ -35,7 +36,9 @@ class SchedulerApp:
             heartbeat_timeout_factor=settings.heartbeat_timeout_factor,
             default_heartbeat_interval_s=settings.default_heartbeat_interval_s,
         )
-        self.servicer = SchedulerServicer(self.core, clock or SystemClock(), tracer)
+        timeout = settings.kv_migration_timeout_s
+        self.kv_mover = KvMover(timeout) if timeout > 0 else None
+        self.servicer = SchedulerServicer(self.core, clock or SystemClock(), tracer, kv_mover=self.kv_mover)
         self.bus = EventBus(settings.nats_url, "scheduler", connect_timeout_s=settings.nats_connect_timeout_s)
         self.server = new_server()
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(self.servicer, self.server)
@@ -74,6 +77,8 @@ class SchedulerApp:
                     await task
         self.servicer.close()
         await self.server.stop(self.settings.shutdown_grace_s)
+        if self.kv_mover is not None:
+            await self.kv_mover.close()
         await self.bus.close()
         logger.info("scheduler stopped")
 

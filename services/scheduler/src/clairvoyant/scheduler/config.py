@@ -22,6 +22,12 @@ class SchedulerSettings(ServiceSettings):
     default_heartbeat_interval_s: float = Field(1.0, gt=0, description="for workers that report no interval")
     expiry_interval_s: float = Field(0.5, gt=0, description="how often silent workers are looked for")
     shutdown_grace_s: float = Field(5.0, ge=0, description="in-flight RPCs get this long on SIGTERM")
+    kv_migration_timeout_s: float = Field(
+        2.0,
+        ge=0,
+        description="longest a placement waits for its session's KV to move (saga's steals); "
+        "past it, or when the move fails, the call recomputes the prefix.  0 turns moving off",
+    )
 
     @field_validator("policy")
     @classmethod

@@ -3,6 +3,9 @@
 Everything runs on one event loop, so the core needs no locks.  A Schedule call submits to the
 core and awaits a Future that ``_dispatch`` resolves once the core places the request; dispatch
 runs after every event that can free or add capacity (submit, complete, heartbeat, resume).
+
+A placement whose decision names a ``kv_source`` (SAGA's stolen sessions) is answered only after
+``KvMover`` has moved the session's KV there, or given up (kv_migration.py says why here).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from clairvoyant.core.telemetry import tracer as get_tracer
 from clairvoyant.scheduler import convert
 from clairvoyant.scheduler import metrics as m
 from clairvoyant.scheduler.core import Decision, GlobalScheduler
+from clairvoyant.scheduler.kv_migration import KvMove, KvMover
 
 logger = logging.getLogger(__name__)
 
@@ -36,11 +40,22 @@ _STATUS_BY_ERROR: dict[type[ClairvoyantError], str] = {
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
-    def __init__(self, core: GlobalScheduler, clock: Clock, tracer: trace.Tracer | None = None) -> None:
+    def __init__(
+        self,
+        core: GlobalScheduler,
+        clock: Clock,
+        tracer: trace.Tracer | None = None,
+        *,
+        kv_mover: KvMover | None = None,
+    ) -> None:
+        """``kv_mover``: moves KV for placements that name a ``kv_source``; None: they recompute."""
         self.core = core
         self.clock = clock
         self._tracer = tracer or get_tracer(__name__)
+        self.kv_mover = kv_mover
         self._waiters: dict[str, asyncio.Future[Decision]] = {}
+        self._sessions: dict[str, tuple[str, str]] = {}  # waiting request -> (tenant, workflow_id)
+        self._moving: dict[str, asyncio.Task[None]] = {}  # placed request -> its KV move
         self._gauge_models: set[str] = set()  # models whose gauges we have set, to zero them later
         self._closing = False
 
@@ -155,6 +170,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             raise
         waiter: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
         self._waiters[request.request_id] = waiter
+        if request.app_metadata.workflow_id:
+            self._sessions[request.request_id] = (request.tenant, request.app_metadata.workflow_id)
         self._dispatch()
         try:
             return await waiter
@@ -164,14 +181,21 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         except ClairvoyantError:
             m.REQUESTS.labels(request.model, "failed").inc()
             raise
+        finally:
+            self._sessions.pop(request.request_id, None)
 
     def _abandon(self, request_id: str, model: str, waiter: asyncio.Future[Decision]) -> None:
         """The caller went away (cancelled or deadline): give back whatever it held."""
         if self._waiters.get(request_id) is waiter:
             del self._waiters[request_id]
         m.REQUESTS.labels(model, "cancelled").inc()
+        move = self._moving.pop(request_id, None)
         if self.core.cancel(request_id):
             logger.info("request %s cancelled while queued", request_id)
+        elif move is not None:  # placed, its KV on the way: nobody will use the placement
+            move.cancel()
+            self.core.complete(request_id)
+            self._dispatch()
         elif waiter.done() and not waiter.cancelled() and waiter.exception() is None:
             # Placed in the same loop turn the caller left: nobody will use the placement.
             self.core.complete(request_id, waiter.result().worker_id)
@@ -188,11 +212,39 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     self.core.complete(decision.request_id, decision.worker_id)
                     orphans = True
                     continue
-                waiter.set_result(decision)
+                move = self._kv_move(decision)
+                if move is None:
+                    waiter.set_result(decision)
+                else:
+                    task = asyncio.create_task(self._move_then_answer(move, decision, waiter))
+                    self._moving[decision.request_id] = task
                 model = decision.worker.model
                 m.REQUESTS.labels(model, "placed").inc()
                 m.QUEUE_WAIT.labels(model).observe(decision.queue_wait_s)
         self._publish_gauges()
+
+    def _kv_move(self, decision: Decision) -> KvMove | None:
+        """The move ``decision`` asks for, when there is a mover, the source is still known and
+        the call has a session; None otherwise (the call recomputes its prefix)."""
+        if decision.kv_source is None or self.kv_mover is None:
+            return None
+        source = next((w for w in self.core.workers() if w.worker_id == decision.kv_source), None)
+        session = self._sessions.get(decision.request_id)
+        if source is None or session is None or not source.address or not decision.worker.address:
+            return None
+        tenant, workflow_id = session
+        return KvMove(
+            decision.request_id, source.address, decision.worker.address, decision.worker.model, tenant, workflow_id
+        )
+
+    async def _move_then_answer(self, move: KvMove, decision: Decision, waiter: asyncio.Future[Decision]) -> None:
+        assert self.kv_mover is not None
+        try:
+            await self.kv_mover.move(move)  # bounded by its timeout; never raises
+        finally:
+            self._moving.pop(decision.request_id, None)
+            if not waiter.done():
+                waiter.set_result(decision)
 
     def _publish_gauges(self) -> None:
         workers: dict[str, int] = {}
