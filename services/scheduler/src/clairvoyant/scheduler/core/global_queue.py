@@ -120,15 +120,17 @@ class GlobalScheduler:
         self._reported_draining: dict[str, bool] = {}
         self._operator_drained: set[str] = set()  # survives a worker's expiry and return
         self._placements: dict[str, _Placement] = {}  # request id -> placement
+        self._placed_on: dict[str, dict[str, QueuedRequest]] = {}  # worker -> id -> request, in order
         self._agent_models: dict[tuple[str, str], str] = {}  # (workflow type, agent) -> latest model
         # Fixed priorities (``FixedPriority``): per model, a heap of (-priority, arrival, submission
         # number, request) built at submit; entries of requests no longer queued are skipped.
         self._fixed = isinstance(priority, FixedPriority) and priority.priority_is_fixed()
         self._heaps: dict[str, list[_Entry]] = {}
         self._submitted = 0
-        # Incremental priorities (``IncrementalPriority``): per model a heap too, whose live entry
-        # for each queued request is ``_entries[id]`` (others are stale and skipped); a request is
+        # Incremental priorities (``IncrementalPriority``): per model a heap too; a request is
         # (re-)evaluated at its model's next ranking when it is new or named by priority_changes.
+        # With either kind of heap, a queued request's live entry is ``_entries[id]`` (others are
+        # stale and skipped).
         self._incremental = priority if not self._fixed and isinstance(priority, IncrementalPriority) else None
         self._entries: dict[str, _Entry] = {}
         self._order: dict[str, int] = {}  # queued request id -> submission number
@@ -180,11 +182,11 @@ class GlobalScheduler:
         if self._fixed:
             self._submitted += 1
             heap = self._heaps.setdefault(request.model, [])
-            heapq.heappush(
-                heap, (-self.priority_policy.priority(request, now), request.arrival_time, self._submitted, request)
-            )
+            entry = (-self.priority_policy.priority(request, now), request.arrival_time, self._submitted, request)
+            self._entries[request.request_id] = entry
+            heapq.heappush(heap, entry)
             if len(heap) > 2 * len(queue) + 64:  # cancelled requests' entries: drop them
-                heap[:] = [entry for entry in heap if queue.get(entry[3].request_id) is entry[3]]
+                heap[:] = [e for e in heap if self._entries.get(e[3].request_id) is e]
                 heapq.heapify(heap)
         elif self._incremental is not None:
             self._submitted += 1
@@ -230,6 +232,7 @@ class GlobalScheduler:
         if held is None or (worker_id and held.worker_id != worker_id):
             return False
         del self._placements[request_id]
+        del self._placed_on[held.worker_id][request_id]
         worker = self._workers.get(held.worker_id)
         if worker is not None:
             self._workers[worker.worker_id] = dataclasses.replace(worker, placed=worker.placed - 1)
@@ -281,7 +284,9 @@ class GlobalScheduler:
                 priority_of = self.priority_policy.priority
                 ranked = [(-priority_of(r, now), r.arrival_time, i, r) for i, r in enumerate(queue.values())]
                 heapq.heapify(ranked)
-            live = self._entries if self._incremental is not None else None
+            # A heap's live entry for a queued request is ``_entries[id]``; a request cancelled and
+            # submitted again (even the same object) or re-keyed has a new one.
+            live = self._entries if self._fixed or self._incremental is not None else None
             while ranked:
                 top = ranked[0]
                 negated, _, _, request = top
@@ -304,6 +309,7 @@ class GlobalScheduler:
                 worker = self._workers[worker_id]
                 worker = self._workers[worker_id] = dataclasses.replace(worker, placed=worker.placed + 1)
                 self._placements[request.request_id] = _Placement(worker_id, request, now)
+                self._placed_on.setdefault(worker_id, {})[request.request_id] = request
                 kv_source = None if self._migrating is None else self._migrating.kv_source(request, worker_id)
                 wait = now - request.arrival_time
                 decisions.append(Decision(request.request_id, worker, priority, wait, kv_source))
@@ -357,8 +363,8 @@ class GlobalScheduler:
                 del self._queued_by_program[key]  # type: ignore[arg-type]
             for feed in self._queue_feeds:
                 feed.add(key)  # type: ignore[arg-type]
+        self._entries.pop(rid, None)
         if self._incremental is not None:
-            self._entries.pop(rid, None)
             self._order.pop(rid, None)
             self._to_evaluate.get(request.model, {}).pop(rid, None)
 
@@ -422,6 +428,7 @@ class GlobalScheduler:
             failed = tuple(rid for rid, p in self._placements.items() if p.worker_id == worker.worker_id)
             for rid in failed:
                 self.programs.on_cancel(self._placements.pop(rid).request)
+            self._placed_on.pop(worker.worker_id, None)
             queue = self._queues.get(worker.model, {})
             rejected = tuple(rid for rid, r in queue.items() if not self._can_ever_serve(r))
             for rid in rejected:
@@ -469,7 +476,7 @@ class GlobalScheduler:
 
     def placed_requests(self, worker_id: str) -> list[QueuedRequest]:
         """The requests holding a placement on ``worker_id``, in placement order."""
-        return [p.request for p in self._placements.values() if p.worker_id == worker_id]
+        return list(self._placed_on.get(worker_id, {}).values())
 
     def agent_model(self, workflow_type_id: str, agent_id: str) -> str | None:
         """The model of the latest submitted call of this agent; None if none was seen."""
@@ -497,6 +504,8 @@ class GlobalScheduler:
             )
             assert worker.placed >= 0
         assert not counts, f"placements on unknown workers: {counts}"
+        by_worker = {(p.worker_id, rid) for rid, p in self._placements.items()}
+        assert by_worker == {(w, rid) for w, held in self._placed_on.items() for rid in held}, "placement index"
         for model, queue in self._queues.items():
             assert len(queue) <= self.max_queue_per_model, f"queue {model} over capacity"
             for rid, request in queue.items():
@@ -504,6 +513,9 @@ class GlobalScheduler:
         by_program = {(k, rid) for k, held in self._queued_by_program.items() for rid in held}
         expected = {(k, r.request_id) for q in self._queues.values() for r in q.values() if (k := program_key(r))}
         assert by_program == expected, "program index drifted"
+        if self._fixed:
+            queued = {rid for q in self._queues.values() for rid in q}
+            assert set(self._entries) == queued, "a queued request without its heap entry"
         if self._incremental is not None:
             self._check_incremental()
         self.programs.check_integrity()
