@@ -219,3 +219,13 @@ def test_a_busy_run_places_many_requests() -> None:
         kind = rng.choice(KINDS)
         driver.step(kind, rng.randrange(2**31))
     assert driver.decided > 40
+
+
+def test_a_view_with_another_placement_count_is_replace() -> None:
+    import dataclasses
+
+    from clairvoyant.scheduler.core import WorkerView
+
+    view = WorkerView("w", "m", "a", "h", 1, 2, 3, 8, 5, 9, 4096, True, 7.5, 1.0, admission_limit=64, block_size=16)
+    assert view.with_placed(4) == dataclasses.replace(view, placed=4)
+    assert view.with_placed(4) is not view and view.placed == 3

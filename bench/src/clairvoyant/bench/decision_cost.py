@@ -11,6 +11,12 @@ dispatch has one free seat to fill and the queue stays at its length.  Requests 
 ``--sessions`` programs (app_metadata), with prompts of 200-6,000 tokens, so the session, cache
 and program-aware policies see the state they would in a busy cluster.  ``--profile`` runs
 cProfile over the decisions of each preset that misses the goal and reports where the time goes.
+
+Each decision is timed twice: wall time (``perf_counter``, the goal's figure) and the thread's CPU
+time (``thread_time``), which leaves out the time the process waited for a core; on a shared
+machine the wall p99 measures the other processes as much as the scheduler.  "max placed" is the
+most placements one dispatch made: a dispatch that places tens of calls at once (a queue head that
+waited for its pinned worker, then every seat freed meanwhile) is one timed decision.
 """
 
 from __future__ import annotations
@@ -62,15 +68,15 @@ class _Load:
         if self.outstanding:
             self.sched.complete(self.outstanding.popleft(), now=self.now)
 
-    def decide(self) -> tuple[float, int]:
-        """One timed decision: (seconds, placements made)."""
+    def decide(self) -> tuple[float, float, int]:
+        """One timed decision: (wall seconds, CPU seconds, placements made)."""
         request = self.request()
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.thread_time()
         self.sched.submit(request, now=self.now)
         decisions = self.sched.dispatch(self.now)
-        elapsed = time.perf_counter() - started
+        elapsed, cpu = time.perf_counter() - started, time.thread_time() - started_cpu
         self.outstanding.extend(d.request_id for d in decisions)
-        return elapsed, len(decisions)
+        return elapsed, cpu, len(decisions)
 
 
 @BENCHMARKS.register("decision-cost")
@@ -96,11 +102,12 @@ class DecisionCost:
         rows: list[list[Any]] = []
         notes: list[str] = []
         for preset in presets:
-            times, placed, queue = self._measure(preset, args)
+            times, cpu_times, placed, queue = self._measure(preset, args)
             p50, p99 = percentile(times, 50) * 1e3, percentile(times, 99) * 1e3
-            progress(f"{preset}: p50 {p50:.3f} ms, p99 {p99:.3f} ms (queue {queue})")
-            rows.append([preset, p50, p99, max(times) * 1e3, sum(placed) / len(placed), queue,
-                         "yes" if p99 <= GOAL_P99_MS else "no"])  # fmt: skip
+            cpu_p99 = percentile(cpu_times, 99) * 1e3
+            progress(f"{preset}: p50 {p50:.3f} ms, p99 {p99:.3f} ms, CPU p99 {cpu_p99:.3f} ms (queue {queue})")
+            rows.append([preset, p50, p99, max(times) * 1e3, cpu_p99, sum(placed) / len(placed), max(placed),
+                         queue, "yes" if p99 <= GOAL_P99_MS else "no"])  # fmt: skip
             if args.profile and p99 > GOAL_P99_MS:
                 notes.append(f"{preset}: cProfile of {args.decisions} decisions, top 12 by own time:\n"
                              + self._profiled(preset, args))  # fmt: skip
@@ -109,10 +116,12 @@ class DecisionCost:
             "goal": f"p99 <= {GOAL_P99_MS} ms per decision with {args.queued:,} queued and {args.workers} workers",
             "presets meeting the goal": f"{len(met)} of {len(rows)}",
             "worst p99 (ms)": max(r[2] for r in rows),
+            "presets whose CPU-time p99 meets it": f"{sum(r[4] <= GOAL_P99_MS for r in rows)} of {len(rows)}",
         }
         return BenchResult(
             name="decision-cost",
-            columns=["preset", "p50 ms", "p99 ms", "max ms", "placed/decision", "queue after", "p99 ≤ 1 ms"],
+            columns=["preset", "p50 ms", "p99 ms", "max ms", "CPU p99 ms", "placed/decision", "max placed",
+                     "queue after", "p99 ≤ 1 ms"],  # fmt: skip
             rows=rows,
             summary=summary,
             notes=notes,
@@ -120,9 +129,10 @@ class DecisionCost:
         )
 
     @staticmethod
-    def _measure(preset: str, args: argparse.Namespace) -> tuple[list[float], list[int], int]:
+    def _measure(preset: str, args: argparse.Namespace) -> tuple[list[float], list[float], list[int], int]:
         load = _Load(preset, args)
         times: list[float] = []
+        cpu_times: list[float] = []
         placed: list[int] = []
         # The set-up's objects (and whatever the benchmark process imported) go to the permanent
         # generation, as a service would freeze its start-up heap: otherwise one full collection
@@ -132,13 +142,14 @@ class DecisionCost:
         try:
             for i in range(args.warmup + args.decisions):
                 load.free_one()
-                elapsed, count = load.decide()
+                elapsed, cpu, count = load.decide()
                 if i >= args.warmup:
                     times.append(elapsed)
+                    cpu_times.append(cpu)
                     placed.append(count)
         finally:
             gc.unfreeze()
-        return times, placed, sum(load.sched.queue_depths().values())
+        return times, cpu_times, placed, sum(load.sched.queue_depths().values())
 
     @staticmethod
     def _profiled(preset: str, args: argparse.Namespace) -> str:

@@ -235,7 +235,7 @@ class GlobalScheduler:
         del self._placed_on[held.worker_id][request_id]
         worker = self._workers.get(held.worker_id)
         if worker is not None:
-            self._workers[worker.worker_id] = dataclasses.replace(worker, placed=worker.placed - 1)
+            self._workers[worker.worker_id] = worker.with_placed(worker.placed - 1)
         if now is None:
             self.programs.on_cancel(held.request)
         else:
@@ -307,7 +307,7 @@ class GlobalScheduler:
                 del queue[request.request_id]
                 self._unqueued(request)
                 worker = self._workers[worker_id]
-                worker = self._workers[worker_id] = dataclasses.replace(worker, placed=worker.placed + 1)
+                worker = self._workers[worker_id] = worker.with_placed(worker.placed + 1)
                 self._placements[request.request_id] = _Placement(worker_id, request, now)
                 self._placed_on.setdefault(worker_id, {})[request.request_id] = request
                 kv_source = None if self._migrating is None else self._migrating.kv_source(request, worker_id)

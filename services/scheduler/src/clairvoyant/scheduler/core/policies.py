@@ -181,13 +181,14 @@ PRESETS: Registry[SchedulerPreset] = Registry("scheduler preset")
 def eligible_workers(request: QueuedRequest, workers: Sequence[WorkerView]) -> list[WorkerView]:
     """Workers that may take ``request`` now: they serve its model, are not draining, are not in
     its ``exclude_workers``, and have room (outstanding placements < max_batch)."""
-    return [
+    model, excluded = request.model, request.exclude_workers
+    return [  # has_room inlined: this runs for every worker at every placement
         w
         for w in workers
-        if w.model == request.model
+        if w.model == model
+        and w.placed < (w.admission_limit or w.max_batch)
         and not w.draining
-        and w.worker_id not in request.exclude_workers
-        and w.has_room
+        and w.worker_id not in excluded
     ]
 
 
