@@ -163,8 +163,11 @@ class LiveCompare:
         parser.add_argument("--time-scale", type=float, default=0.1, help="tool latencies are waited out x this")
         parser.add_argument("--router-policy", default="cache_aware", help="sglang-router's --policy (its default)")
         parser.add_argument("--arms", nargs="+", help=f"a subset, in this order (default: {BASELINE} {ROUTER} <preset>)")
+        parser.add_argument("--quick", action="store_true", help="react_bfcl on 2 GPUs, 3 workflows, 2 in flight")
 
     def run(self, args: argparse.Namespace) -> BenchResult:
+        if args.quick:
+            args.workload, args.gpus, args.workflows, args.concurrency, args.time_scale = "react_bfcl", 2, 3, 2, 0.2
         config = ExperimentConfig(
             workload=args.workload, gpus=args.gpus, gpu=args.gpu, workflows=args.workflows,
             concurrency=args.concurrency, seed=args.seed,
