@@ -229,3 +229,23 @@ def test_a_view_with_another_placement_count_is_replace() -> None:
     view = WorkerView("w", "m", "a", "h", 1, 2, 3, 8, 5, 9, 4096, True, 7.5, 1.0, admission_limit=64, block_size=16)
     assert view.with_placed(4) == dataclasses.replace(view, placed=4)
     assert view.with_placed(4) is not view and view.placed == 3
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_one_pass_least_used_choice_is_the_minimum_over_the_eligible(seed: int) -> None:
+    from clairvoyant.scheduler.core import WorkerView, eligible_workers
+    from clairvoyant.scheduler.core.policies import least_used_eligible
+
+    rng = random.Random(seed)
+    workers = [
+        WorkerView(
+            f"w{rng.randrange(100):02d}-{i}", rng.choice(["a", "b"]), "", "", 0, 0, rng.randint(0, 4), 3,
+            rng.randint(0, 2), rng.choice([0, 4]), 0, rng.random() < 0.2, 0.0, 1.0,
+            admission_limit=rng.choice([0, 5]),
+        )  # fmt: skip
+        for i in range(rng.randint(0, 12))
+    ]
+    request = QueuedRequest("r", "t", "a", 0.0, exclude_workers=frozenset(w.worker_id for w in workers[:1]))
+    eligible = eligible_workers(request, workers)
+    expected = min(eligible, key=lambda w: (w.placed, w.kv_usage, w.worker_id)) if eligible else None
+    assert least_used_eligible(request, workers) is expected

@@ -29,6 +29,7 @@ from clairvoyant.scheduler.core.policies import (
     ProgramRows,
     SchedulerPreset,
     eligible_workers,
+    least_used_eligible,
 )
 from clairvoyant.scheduler.core.process_table import ProcessTable, program_key
 from clairvoyant.scheduler.core.types import QueuedRequest, WorkerView
@@ -236,11 +237,6 @@ class KQueuePriority(AtlasPriority):
         return KQueueRule(self.config, self.programs)
 
 
-def _least_used(candidates: Sequence[WorkerView]) -> WorkerView:
-    """Alg. 2 LEAST_USED: fewest outstanding calls, then KV usage, then worker id."""
-    return min(candidates, key=lambda w: (w.placed, w.kv_usage, w.worker_id))
-
-
 @ROUTING_POLICIES.register("least-used")
 class LeastUsedRouting:
     """Every call at once to the engine with the fewest outstanding calls (§6.4's "Least Used").
@@ -257,8 +253,9 @@ class LeastUsedRouting:
         return self._factor
 
     def route(self, request: QueuedRequest, workers: Sequence[WorkerView], now: float) -> str | None:
-        candidates = eligible_workers(request, workers)
-        return _least_used(candidates).worker_id if candidates else None
+        # Alg. 2 LEAST_USED over the eligible: fewest outstanding calls, then KV usage, then id.
+        best = least_used_eligible(request, workers)
+        return best.worker_id if best is not None else None
 
 
 @ROUTING_POLICIES.register("autellix-lb")
@@ -277,14 +274,14 @@ class LocalityLoadBalancer(LeastUsedRouting, _ProgramPolicy):
         _ProgramPolicy.__init__(self)
 
     def route(self, request: QueuedRequest, workers: Sequence[WorkerView], now: float) -> str | None:
-        candidates = eligible_workers(request, workers)
         if request.prompt_tokens <= SHORT_CALL_TOKENS:
-            return _least_used(candidates).worker_id if candidates else None
+            best = least_used_eligible(request, workers)
+            return best.worker_id if best is not None else None
         program = self.programs.get(program_key(request))
         if program is not None and program.engine_id is not None:
-            if any(w.worker_id == program.engine_id for w in candidates):
-                return program.engine_id
             pinned = next((w for w in workers if w.worker_id == program.engine_id), None)
+            if pinned is not None and eligible_workers(request, [pinned]):
+                return program.engine_id
             if (
                 pinned is not None
                 and pinned.model == request.model
@@ -292,9 +289,10 @@ class LocalityLoadBalancer(LeastUsedRouting, _ProgramPolicy):
                 and pinned.worker_id not in request.exclude_workers
             ):
                 return None  # pinned engine full: wait for it
-        if not candidates:
+        best = least_used_eligible(request, workers)
+        if best is None:
             return None
-        chosen = _least_used(candidates).worker_id
+        chosen = best.worker_id
         if program is not None:
             program.engine_id = chosen
         return chosen

@@ -24,7 +24,7 @@ from clairvoyant.scheduler.core.policies import (
     PriorityChanges,
     ProgramRows,
     SchedulerPreset,
-    eligible_workers,
+    least_used_eligible,
 )
 from clairvoyant.scheduler.core.process_table import ProcessTable, program_key
 from clairvoyant.scheduler.core.types import QueuedRequest, WorkerView
@@ -96,10 +96,10 @@ class SessionAffinityRouting(_EngineQueued, _ProgramPolicy):
             pinned = next((w for w in workers if w.worker_id == program.engine_id), None)
             if pinned is not None and _usable(pinned, request):
                 return pinned.worker_id if pinned.has_room else None
-        candidates = eligible_workers(request, workers)
-        if not candidates:
+        best = least_used_eligible(request, workers)  # _least_loaded over the eligible, in one pass
+        if best is None:
             return None
-        chosen = _least_loaded(candidates).worker_id
+        chosen = best.worker_id
         if program is not None:
             program.engine_id = chosen
         return chosen
@@ -228,22 +228,29 @@ class CacheAwareRouting(_EngineQueued):
         live = {w.worker_id for w in workers}
         for gone in [w for w in self.trees.workers() if w not in live]:
             self.trees.remove_worker(gone)
-        serving = [w for w in workers if w.model == request.model and not w.draining]
-        candidates = [w for w in serving if w.has_room and w.worker_id not in request.exclude_workers]
+        # One pass: the serving workers, the candidates among them, and the loads' extremes.
+        model, excluded = request.model, request.exclude_workers
+        serving: list[WorkerView] = []
+        candidates: list[WorkerView] = []
+        lowest = highest = 0
+        for w in workers:
+            if w.model != model or w.draining:
+                continue
+            load = w.placed
+            lowest, highest = (load, load) if not serving else (min(lowest, load), max(highest, load))
+            serving.append(w)
+            if load < (w.admission_limit or w.max_batch) and w.worker_id not in excluded:
+                candidates.append(w)
         if not candidates:
             return None
-        loads = [w.placed for w in serving]
         cfg = self.config
         entry: Hashable = program_key(request) or ("request", request.request_id)
-        if (
-            max(loads) - min(loads) > cfg.balance_abs_threshold
-            and max(loads) > cfg.balance_rel_threshold * min(loads)
-        ):
+        if highest - lowest > cfg.balance_abs_threshold and highest > cfg.balance_rel_threshold * lowest:
             chosen = _least_loaded(candidates).worker_id
         else:
             best = self._best_match(request, entry, serving)
             if best is not None and best[1] > cfg.cache_threshold:
-                if best[0].worker_id not in {w.worker_id for w in candidates}:
+                if not best[0].has_room:  # serving, not excluded: a candidate unless full
                     return None  # the matching worker is full: wait for it
                 chosen = best[0].worker_id
             else:
@@ -264,10 +271,13 @@ class CacheAwareRouting(_EngineQueued):
     ) -> tuple[WorkerView, float] | None:
         if request.prompt_tokens <= 0:
             return None  # the router's match rate of an empty text is 0
-        by_id = {w.worker_id: w for w in serving if w.worker_id not in request.exclude_workers}
+        holders = self.trees.matches(entry)
+        if not holders:
+            return None
+        by_id = {w.worker_id: w for w in serving if w.worker_id in holders and w.worker_id not in request.exclude_workers}
         best: tuple[WorkerView, float] | None = None
         # Most recently routed last, so ">=" lets the latest of equal matches win.
-        for worker_id, held in self.trees.matches(entry).items():
+        for worker_id, held in holders.items():
             worker = by_id.get(worker_id)
             rate = min(held, request.prompt_tokens) / request.prompt_tokens
             if worker is not None and rate > 0 and (best is None or rate >= best[1]):

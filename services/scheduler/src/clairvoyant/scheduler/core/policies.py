@@ -192,6 +192,30 @@ def eligible_workers(request: QueuedRequest, workers: Sequence[WorkerView]) -> l
     ]
 
 
+def least_used_eligible(request: QueuedRequest, workers: Sequence[WorkerView]) -> WorkerView | None:
+    """The eligible worker (``eligible_workers``) with the fewest outstanding placements, then the
+    lowest KV usage, then the smallest id; None when none is eligible.  One pass that builds no
+    list and compares a full key only against an equally placed best: the routers that use it run
+    at every placement, for every worker."""
+    model, excluded = request.model, request.exclude_workers
+    best: WorkerView | None = None
+    best_key: tuple[int, float, str] | None = None
+    for w in workers:
+        placed = w.placed
+        if (
+            w.model != model
+            or placed >= (w.admission_limit or w.max_batch)
+            or w.draining
+            or w.worker_id in excluded
+            or (best is not None and placed > best.placed)
+        ):
+            continue
+        key = (placed, w.kv_usage, w.worker_id)
+        if best_key is None or key < best_key:
+            best, best_key = w, key
+    return best
+
+
 def build_policies(preset: str) -> tuple[PriorityPolicy, RoutingPolicy]:
     """Fresh policy instances for a preset name.  Raises ValueError for an unknown name."""
     names = PRESETS.create(preset)
