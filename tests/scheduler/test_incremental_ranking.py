@@ -228,6 +228,8 @@ def test_a_view_with_another_placement_count_is_replace() -> None:
 
     view = WorkerView("w", "m", "a", "h", 1, 2, 3, 8, 5, 9, 4096, True, 7.5, 1.0, admission_limit=64, block_size=16)
     assert view.with_placed(4) == dataclasses.replace(view, placed=4)
+    # Every field above has a value other than its default: a field added later must be too.
+    assert len(dataclasses.fields(WorkerView)) == 16
     assert view.with_placed(4) is not view and view.placed == 3
 
 

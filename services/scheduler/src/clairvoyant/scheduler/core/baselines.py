@@ -237,7 +237,12 @@ class CacheAwareRouting(_EngineQueued):
             if w.model != model or w.draining:
                 continue
             load = w.placed
-            lowest, highest = (load, load) if not serving else (min(lowest, load), max(highest, load))
+            if not serving:
+                lowest = highest = load
+            elif load < lowest:
+                lowest = load
+            elif load > highest:
+                highest = load
             serving.append(w)
             if load < (w.admission_limit or w.max_batch) and w.worker_id not in excluded:
                 candidates.append(w)
