@@ -16,6 +16,12 @@ policies.py read it, queue at the engines, or hand the engines a rule of their o
 implements ``SchedulerAware`` (below) may also read the live queue depths and placements (Pythia),
 and a routing policy that implements ``Rebalancing`` re-pins queued calls before each dispatch (SAGA),
 and one that implements ``MigratesKv`` says where a placed call's KV should come from.
+
+Ranking: each model's queue is ordered by priority, then arrival, then submission.  A priority
+policy with neither ``FixedPriority`` nor ``IncrementalPriority`` is evaluated for the whole queue
+at every dispatch; with one of them the queue is a heap whose keys are kept equal to what that
+full re-rank would compute (evaluated at submit, or re-evaluated where ``priority_changes`` says),
+so dispatch pops only as far as it places.
 """
 
 from __future__ import annotations
