@@ -251,3 +251,21 @@ def test_the_one_pass_least_used_choice_is_the_minimum_over_the_eligible(seed: i
     eligible = eligible_workers(request, workers)
     expected = min(eligible, key=lambda w: (w.placed, w.kv_usage, w.worker_id)) if eligible else None
     assert least_used_eligible(request, workers) is expected
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_smallest_tree_in_one_pass_is_the_minimum(seed: int) -> None:
+    from clairvoyant.scheduler.core import WorkerView
+    from clairvoyant.scheduler.core.baselines import ApproximateTrees
+
+    rng = random.Random(seed)
+    trees = ApproximateTrees()
+    ids = [f"w{i}" for i in range(8)]
+    for n in range(rng.randint(0, 20)):
+        trees.insert(rng.choice(ids), ("t", f"s{n % 5}"), rng.choice([100, 200, 300]))
+    candidates = [
+        WorkerView(wid, "m", "", "", 0, 0, rng.randint(0, 3), 8, 0, 0, 0, False, 0.0, 1.0)
+        for wid in rng.sample(ids, k=rng.randint(1, 8))
+    ]
+    expected = min(candidates, key=lambda w: (trees.size(w.worker_id), w.placed, w.worker_id))
+    assert trees.smallest(candidates) is expected

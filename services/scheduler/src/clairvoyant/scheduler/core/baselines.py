@@ -182,6 +182,20 @@ class ApproximateTrees:
     def workers(self) -> list[str]:
         return list(self._entries)
 
+    def smallest(self, candidates: Sequence[WorkerView]) -> WorkerView:
+        """The candidate with the smallest tree, then fewer placements, then the smaller id (one
+        pass; a full key is compared only against an equally small best)."""
+        sizes = self._size
+        best, best_key = candidates[0], (sizes.get(candidates[0].worker_id, 0), candidates[0].placed, candidates[0].worker_id)
+        for w in candidates[1:]:
+            size = sizes.get(w.worker_id, 0)
+            if size > best_key[0]:
+                continue
+            key = (size, w.placed, w.worker_id)
+            if key < best_key:
+                best, best_key = w, key
+        return best
+
     def check_integrity(self) -> None:
         for worker_id, entries in self._entries.items():
             assert self._size[worker_id] == sum(entries.values()), f"{worker_id}: size drifted"
@@ -225,15 +239,14 @@ class CacheAwareRouting(_EngineQueued):
         self.trees = ApproximateTrees(self.config.max_tree_tokens)
 
     def route(self, request: QueuedRequest, workers: Sequence[WorkerView], now: float) -> str | None:
-        live = {w.worker_id for w in workers}
-        for gone in [w for w in self.trees.workers() if w not in live]:
-            self.trees.remove_worker(gone)
-        # One pass: the serving workers, the candidates among them, and the loads' extremes.
+        # One pass: the live ids, the serving workers, the candidates among them, the loads' extremes.
         model, excluded = request.model, request.exclude_workers
+        live: set[str] = set()
         serving: list[WorkerView] = []
         candidates: list[WorkerView] = []
         lowest = highest = 0
         for w in workers:
+            live.add(w.worker_id)
             if w.model != model or w.draining:
                 continue
             load = w.placed
@@ -246,6 +259,8 @@ class CacheAwareRouting(_EngineQueued):
             serving.append(w)
             if load < (w.admission_limit or w.max_batch) and w.worker_id not in excluded:
                 candidates.append(w)
+        for gone in [w for w in self.trees.workers() if w not in live]:
+            self.trees.remove_worker(gone)
         if not candidates:
             return None
         cfg = self.config
@@ -259,9 +274,7 @@ class CacheAwareRouting(_EngineQueued):
                     return None  # the matching worker is full: wait for it
                 chosen = best[0].worker_id
             else:
-                chosen = min(
-                    candidates, key=lambda w: (self.trees.size(w.worker_id), w.placed, w.worker_id)
-                ).worker_id
+                chosen = self.trees.smallest(candidates).worker_id
         self.trees.insert(chosen, entry, request.prompt_tokens)
         return chosen
 
