@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from clairvoyant.scheduler.core.kairos import KairosTimeSlotRouting, TimeSlotConfig, _StartTimes
+from clairvoyant.scheduler.core.kairos import KairosTimeSlotRouting, TimeSlotConfig
 from clairvoyant.scheduler.core.policies import (
     PRESETS,
     PRIORITY_POLICIES,
@@ -67,20 +67,25 @@ class ClairvoyantPriority:
     """ω × S_completion − aging × program start; see the module docstring.
 
     S_completion is Pythia's (``pythia.completion_score``) from trusted annotations, 0 otherwise.
-    The program start is the arrival of the program's first call the policy saw (as Kairos'
-    ``_StartTimes``); a call of no program starts its own.
+    The program start is the process table's ``Program.first_arrival`` (the scheduler records the
+    call in the table before it ranks it); a call of no program starts its own.  A program that
+    left the table (idle for its TTL in a long tool call) starts again with its next call.
     """
 
     def __init__(self, config: ClairvoyantPriorityConfig | None = None) -> None:
         self.config = config or ClairvoyantPriorityConfig()
-        self._starts = _StartTimes()
+        self.programs: ProcessTable | None = None
 
     def bind_programs(self, table: ProcessTable) -> None:
-        self._starts.programs = table
+        self.programs = table
+
+    def program_start(self, request: QueuedRequest) -> float:
+        program = self.programs.of(request) if self.programs is not None else None
+        return request.arrival_time if program is None else min(program.first_arrival, request.arrival_time)
 
     def priority(self, request: QueuedRequest, now: float) -> float:
         score = completion_score(trusted_annotations(request))
-        return self.config.completion_weight * score - self.config.aging_rate * self._starts.start_of(request)
+        return self.config.completion_weight * score - self.config.aging_rate * self.program_start(request)
 
     def priority_is_fixed(self) -> bool:
         return True
