@@ -52,5 +52,9 @@ def kairos_ranking(remaining_s: Mapping[str, Sequence[float]]) -> AgentRanking:
     if len(names) and float(np.mean(oriented[:-1])) < 0:
         oriented = -oriented
     coordinate = {a: float(oriented[i]) for i, a in enumerate(names)}
-    order = sorted(names, key=lambda a: (coordinate[a], a))
+    # Agents with the same distribution get coordinates that differ only by the eigensolver's
+    # rounding, which varies with the BLAS build and its threads: compare at 1e-9 of the axis'
+    # span, so such ties fall to the name on every machine.
+    span = float(np.max(np.abs(oriented))) or 1.0
+    order = sorted(names, key=lambda a: (round(coordinate[a] / span, 9), a))
     return AgentRanking({a: i for i, a in enumerate(order)}, coordinate)
