@@ -18,7 +18,8 @@ Each part, and what it replaces, is chosen by a measurement in docs/scheduling.m
   aging that bounds every request's wait is free, and the priority never changes while the
   request waits (``FixedPriority``: the queue is a heap, a decision costs O(log n)).  A request
   of a program started at t0 is overtaken only by requests of programs started before
-  t0 + ω / aging (S ≤ 1), so its wait is bounded by the work of those programs.
+  t0 + ω / aging (S ≤ 1), so its wait is bounded by the work of those programs.  The aging rate
+  (0.001 per second) is ours, chosen by measurement (docs/scheduling.md).
 - Pythia's second term (downstream idle risk) is left out: it depends on live queue depths, so it
   would make every decision re-rank the queue, and its measured effect is within noise
   (docs/scheduling.md).
@@ -53,8 +54,9 @@ from clairvoyant.scheduler.core.types import QueuedRequest, WorkerView
 @dataclass(frozen=True, slots=True)
 class ClairvoyantPriorityConfig:
     completion_weight: float = 1.0  # ω: weight of Pythia's S_completion (in (0, 1])
-    # Priority per second of program age: S = 1 weighs as much as a program 100 s older.
-    aging_rate: float = 0.01
+    # Priority per second of program age: S = 1 weighs as much as a program 1,000 s older (measured
+    # against 0.01 and 0.0001 in docs/scheduling.md).
+    aging_rate: float = 0.001
     engine_aging_rate: float = 0.01  # the engine's aging (PythiaAgingRule), per second there
 
     def __post_init__(self) -> None:
