@@ -78,9 +78,8 @@ def test_priority_is_completion_score_minus_aged_program_start() -> None:
     table.on_submit(later, 50.0)
     # Same program, so the start is still its first call's arrival: 1.0 - 0.01.
     assert policy.priority(later, 50.0) == pytest.approx(0.99)
-    # The value does not depend on when it is asked (the policy says it is fixed).
+    # The value does not depend on when it is asked, only on the program's entry.
     assert policy.priority(later, 500.0) == policy.priority(later, 50.0)
-    assert policy.priority_is_fixed()
 
 
 @pytest.mark.parametrize("confidence", [common_pb2.CONFIDENCE_NONE, common_pb2.CONFIDENCE_SHADOW])

@@ -182,20 +182,9 @@ class _Driver:
 OPS = st.lists(st.tuples(st.sampled_from(KINDS), st.integers(0, 2**31)), min_size=30, max_size=150)
 
 
-# A preset whose priority claims FixedPriority although its value can move while a call waits.
-_NOT_FIXED = {
-    "clairvoyant": "its priority reads the program's start (Program.first_arrival), which moves when a "
-    "call arrives with an earlier arrival time or the program's entry ends while its calls wait; "
-    "ranking it through IncrementalPriority (ProgramRows) instead of FixedPriority would be exact",
-}
-
-
 @pytest.mark.parametrize(
     "preset",
-    [
-        pytest.param(p, marks=pytest.mark.xfail(reason=_NOT_FIXED[p])) if p in _NOT_FIXED else p
-        for p in PRESETS.names()
-    ],
+    PRESETS.names(),
 )
 @settings(
     max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow],

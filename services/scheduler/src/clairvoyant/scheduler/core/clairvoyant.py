@@ -15,8 +15,9 @@ Each part, and what it replaces, is chosen by a measurement in docs/scheduling.m
   finishes, instead of all programs advancing in lock-step and evicting each other.  Both terms
   are one number, ω × S − aging × start, because ``p + aging × (now − start)`` orders requests
   exactly as ``p − aging × start`` does (the ``aging × now`` term is common to all): so the
-  aging that bounds every request's wait is free, and the priority never changes while the
-  request waits (``FixedPriority``: the queue is a heap, a decision costs O(log n)).  A request
+  aging that bounds every request's wait is free, and the priority changes only when the
+  program's entry in the process table does (``IncrementalPriority``: the queue stays a heap and
+  only the programs an update touched are re-keyed).  A request
   of a program started at t0 is overtaken only by requests of programs started before
   t0 + ω / aging (S ≤ 1), so its wait is bounded by the work of those programs.  The aging rate
   (0.001 per second) is ours, chosen by measurement (docs/scheduling.md).
@@ -43,6 +44,8 @@ from clairvoyant.scheduler.core.policies import (
     PRIORITY_POLICIES,
     ROUTING_POLICIES,
     LocalRule,
+    PriorityChanges,
+    ProgramRows,
     SchedulerPreset,
     eligible_workers,
 )
@@ -77,6 +80,7 @@ class ClairvoyantPriority:
     def __init__(self, config: ClairvoyantPriorityConfig | None = None) -> None:
         self.config = config or ClairvoyantPriorityConfig()
         self.programs: ProcessTable | None = None
+        self._rows = ProgramRows()
 
     def bind_programs(self, table: ProcessTable) -> None:
         self.programs = table
@@ -89,8 +93,9 @@ class ClairvoyantPriority:
         score = completion_score(trusted_annotations(request))
         return self.config.completion_weight * score - self.config.aging_rate * self.program_start(request)
 
-    def priority_is_fixed(self) -> bool:
-        return True
+    def priority_changes(self, now: float) -> PriorityChanges:
+        """The value reads only the call and its program's entry (``IncrementalPriority``)."""
+        return self._rows.changes(self.programs)
 
     def engine_rule(self) -> LocalRule:
         return PythiaAgingRule(self.config.engine_aging_rate)
