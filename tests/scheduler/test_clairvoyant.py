@@ -72,12 +72,12 @@ def test_priority_is_completion_score_minus_aged_program_start() -> None:
     policy.bind_programs(table)
     first = call("a", arrival=10.0, remaining=3)
     table.on_submit(first, 10.0)
-    # S = 1 / (1 + 3) = 0.25; start 10 s; aging 0.001 per second.
-    assert policy.priority(first, 10.0) == pytest.approx(0.25 - 0.01)
+    # S = 1 / (1 + 3) = 0.25; start 10 s; aging 0.0001 per second.
+    assert policy.priority(first, 10.0) == pytest.approx(0.25 - 0.001)
     later = call("b", arrival=50.0, remaining=0)
     table.on_submit(later, 50.0)
-    # Same program, so the start is still its first call's arrival: 1.0 - 0.01.
-    assert policy.priority(later, 50.0) == pytest.approx(0.99)
+    # Same program, so the start is still its first call's arrival: 1.0 - 0.001.
+    assert policy.priority(later, 50.0) == pytest.approx(0.999)
     # The value does not depend on when it is asked, only on the program's entry.
     assert policy.priority(later, 500.0) == policy.priority(later, 50.0)
 
@@ -85,8 +85,8 @@ def test_priority_is_completion_score_minus_aged_program_start() -> None:
 @pytest.mark.parametrize("confidence", [common_pb2.CONFIDENCE_NONE, common_pb2.CONFIDENCE_SHADOW])
 def test_untrusted_or_missing_annotations_score_zero(confidence: int) -> None:
     policy = ClairvoyantPriority()
-    assert policy.priority(call("a", arrival=20.0, remaining=0, confidence=confidence), 20.0) == pytest.approx(-0.02)
-    assert policy.priority(call("b", None, arrival=30.0), 30.0) == pytest.approx(-0.03)
+    assert policy.priority(call("a", arrival=20.0, remaining=0, confidence=confidence), 20.0) == pytest.approx(-0.002)
+    assert policy.priority(call("b", None, arrival=30.0), 30.0) == pytest.approx(-0.003)
 
 
 def test_engine_rule_is_pythia_aging() -> None:
@@ -120,15 +120,15 @@ def _dispatch_order(requests: list[QueuedRequest], times: list[float]) -> list[s
 
 def test_dispatch_order_score_then_program_start_then_bounded_overtaking() -> None:
     requests = [
-        call("old-far", "p1", arrival=0.0, remaining=9),  # 0.1 - 0.000 = 0.100
-        call("new-near", "p2", arrival=20.0, remaining=0),  # 1.0 - 0.020 = 0.980
-        call("new-far", "p3", arrival=30.0, remaining=9),  # 0.1 - 0.030 = 0.070
-        call("very-new-near", "p4", arrival=1200.0, remaining=0),  # 1.0 - 1.200 = -0.200
-        call("unannotated", "p5", arrival=5.0),  # 0.0 - 0.005 = -0.005
+        call("old-far", "p1", arrival=0.0, remaining=9),  # 0.1 - 0.0000 = 0.1000
+        call("new-near", "p2", arrival=200.0, remaining=0),  # 1.0 - 0.0200 = 0.9800
+        call("new-far", "p3", arrival=300.0, remaining=9),  # 0.1 - 0.0300 = 0.0700
+        call("very-new-near", "p4", arrival=12_000.0, remaining=0),  # 1.0 - 1.2000 = -0.2000
+        call("unannotated", "p5", arrival=50.0),  # 0.0 - 0.0050 = -0.0050
     ]
     order = _dispatch_order(requests, [r.arrival_time for r in requests])
     # A near-finished workflow goes first; inside equal scores the older program; a program started
-    # more than ω / aging = 1,000 s later no longer overtakes, even at S = 1.
+    # more than ω / aging = 10,000 s later no longer overtakes, even at S = 1.
     assert order == ["new-near", "old-far", "new-far", "unannotated", "very-new-near"]
 
 

@@ -20,7 +20,7 @@ Each part, and what it replaces, is chosen by a measurement in docs/scheduling.m
   only the programs an update touched are re-keyed).  A request
   of a program started at t0 is overtaken only by requests of programs started before
   t0 + ω / aging (S ≤ 1), so its wait is bounded by the work of those programs.  The aging rate
-  (0.001 per second) is ours, chosen by measurement (docs/scheduling.md).
+  (0.0001 per second) is ours, chosen by measurement (docs/scheduling.md).
 - Pythia's second term (downstream idle risk) is left out: it depends on live queue depths, so it
   would make every decision re-rank the queue, and its measured effect is within noise
   (docs/scheduling.md).
@@ -57,9 +57,9 @@ from clairvoyant.scheduler.core.types import QueuedRequest, WorkerView
 @dataclass(frozen=True, slots=True)
 class ClairvoyantPriorityConfig:
     completion_weight: float = 1.0  # ω: weight of Pythia's S_completion (in (0, 1])
-    # Priority per second of program age: S = 1 weighs as much as a program 1,000 s older (measured
-    # against 0.01 and 0.0001 in docs/scheduling.md).
-    aging_rate: float = 0.001
+    # Priority per second of program age: S = 1 weighs as much as a program 10,000 s older (measured
+    # against 0.01 and 0.001 in docs/scheduling.md).
+    aging_rate: float = 0.0001
     engine_aging_rate: float = 0.01  # the engine's aging (PythiaAgingRule), per second there
 
     def __post_init__(self) -> None:
