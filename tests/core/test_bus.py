@@ -8,8 +8,15 @@ from pathlib import Path
 
 import nats
 import pytest
+from nats.aio.msg import Msg
 
-from clairvoyant.core.bus import COMPLETIONS_STREAM, COMPLETIONS_SUBJECT, EventBus
+from clairvoyant.core.bus import (
+    COMPLETIONS_STREAM,
+    COMPLETIONS_SUBJECT,
+    WORKER_STATS_WILDCARD,
+    EventBus,
+    worker_stats_subject,
+)
 from clairvoyant.core.natsserver import NatsServer, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -55,4 +62,24 @@ async def test_outbox_is_flushed_in_order_when_nats_comes_back(tmp_path: Path) -
         await nc.close()
     finally:
         await bus.close()
+        server.stop()
+
+
+@pytest.mark.parametrize("worker_id", ["w1", "node1.example.com-50061", "qwen2.5-7b-0", "a*b>c d"])
+async def test_every_worker_id_reaches_the_stats_wildcard(tmp_path: Path, worker_id: str) -> None:
+    """The scheduler subscribes to one token per worker: ids with dots (hostnames, model names)
+    or NATS wildcards must still land there, as one token."""
+    server = NatsServer(tmp_path / "js", port=free_port()).start()
+    try:
+        nc = await nats.connect(server.url)
+        received: asyncio.Queue[str] = asyncio.Queue()
+
+        async def on_stats(msg: Msg) -> None:
+            await received.put(msg.data.decode())
+
+        await nc.subscribe(WORKER_STATS_WILDCARD, cb=on_stats)
+        await nc.publish(worker_stats_subject(worker_id), worker_id.encode())
+        assert await asyncio.wait_for(received.get(), 5.0) == worker_id
+        await nc.close()
+    finally:
         server.stop()

@@ -30,7 +30,11 @@ WORKER_STATS_WILDCARD = "cv.workers.*.stats"
 
 
 def worker_stats_subject(worker_id: str) -> str:
-    return f"cv.workers.{worker_id}.stats"
+    """The subject a worker's heartbeats go to.  The id becomes one subject token, so the
+    characters NATS reads as separators or wildcards ('.', '*', '>', whitespace; a hostname such as
+    ``node1.example.com`` has dots) are replaced by '_'.  Subscribers read the id from the message."""
+    token = "".join("_" if c in ".*>" or c.isspace() else c for c in worker_id) or "_"
+    return f"cv.workers.{token}.stats"
 
 
 EVENTS_DROPPED = Counter("cv_bus_events_dropped_total", "Events dropped because NATS was unreachable", ["subject"])
