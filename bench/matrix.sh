@@ -34,6 +34,15 @@ swe_agent-over-oracle          swe_agent          8    48   48   oracle
 kairos_mix-light               kairos_mix         8   128  128   profiler
 kairos_mix-mid                 kairos_mix         8   512  512   profiler
 kairos_mix-sat                 kairos_mix         8  1024 1024   profiler
+deep_research-light            deep_research      8    64   64   profiler
+deep_research-mid              deep_research      8   128  128   profiler
+deep_research-high             deep_research      8   256  256   profiler
+chatdev-light                  chatdev            8    32   48   profiler
+chatdev-mid                    chatdev            8    64   96   profiler
+chatdev-high                   chatdev            8   128  128   profiler
+mcts_lats-light                mcts_lats          1    16   16   profiler
+mcts_lats-mid                  mcts_lats          1    32   32   profiler
+mcts_lats-high                 mcts_lats          1    64   64   profiler
 "
 
 cells() { echo "$CELLS" | awk 'NF == 6' | grep -- "${ONLY}" || true; }
