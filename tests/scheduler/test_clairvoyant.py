@@ -147,28 +147,24 @@ def _routing_with_booking() -> tuple[ClairvoyantRouting, ProcessTable]:
     return routing, table
 
 
-def test_session_worker_kept_below_the_affinity_load() -> None:
+@pytest.mark.parametrize(
+    ("prompt_tokens", "chosen"),
+    [
+        # On b the expected peak would be 900 + 300 = 1200 < 0.8 x 1600: b, though a is emptier.
+        (200, "b"),
+        # 900 + 400 = 1300 >= 1280: the lowest expected peak (a, 400) wins and becomes the pin.
+        (300, "a"),
+    ],
+)
+def test_session_worker_kept_below_the_affinity_load_only(prompt_tokens: int, chosen: str) -> None:
     routing, table = _routing_with_booking()
-    request = call("r", "w1", prompt_tokens=200, predicted_output=100)
+    request = call("r", "w1", prompt_tokens=prompt_tokens, predicted_output=100)
     table.on_submit(request, 0.0)
     program = table.of(request)
     assert program is not None
     program.engine_id = "b"
-    # On b the expected peak would be 900 + 300 = 1200 < 0.8 x 1600: b, though a is emptier.
-    assert routing.route(request, [view("a"), view("b", placed=1)], 0.0) == "b"
-    assert program.engine_id == "b"
-
-
-def test_session_worker_left_at_the_affinity_load() -> None:
-    routing, table = _routing_with_booking()
-    request = call("r", "w1", prompt_tokens=300, predicted_output=100)
-    table.on_submit(request, 0.0)
-    program = table.of(request)
-    assert program is not None
-    program.engine_id = "b"
-    # 900 + 400 = 1300 >= 1280: the lowest expected peak (a, 400) wins and becomes the pin.
-    assert routing.route(request, [view("a"), view("b", placed=1)], 0.0) == "a"
-    assert program.engine_id == "a"
+    assert routing.route(request, [view("a"), view("b", placed=1)], 0.0) == chosen
+    assert program.engine_id == chosen
 
 
 def test_waits_when_no_worker_fits() -> None:

@@ -8,9 +8,10 @@ from collections.abc import Sequence
 import pytest
 
 from clairvoyant.core.app_metadata import AppMetadata
-from clairvoyant.scheduler.core import GlobalScheduler, QueuedRequest, WorkerReport, WorkerView
+from clairvoyant.scheduler.core import GlobalScheduler, QueuedRequest, WorkerView
 from clairvoyant.scheduler.core.global_queue import MigratesKv
 from clairvoyant.scheduler.core.saga import SagaAffinityRouting, Steal
+from tests.scheduler.test_saga import report
 
 pytestmark = pytest.mark.unit
 
@@ -18,17 +19,6 @@ pytestmark = pytest.mark.unit
 def call(rid: str, session: str, t: float) -> QueuedRequest:
     return QueuedRequest(
         rid, "t", "m", t, prompt_tokens=100, max_tokens=8, app_metadata=AppMetadata("wf", session, "a")
-    )
-
-
-def report(worker_id: str, max_batch: int, kv_used: int = 0, kv_total: int = 0) -> WorkerReport:
-    return WorkerReport(
-        worker_id,
-        "m",
-        f"{worker_id}:1",
-        max_batch=max_batch,
-        kv_blocks_used=kv_used,
-        kv_blocks_total=kv_total,
     )
 
 

@@ -47,7 +47,6 @@ from clairvoyant.scheduler.core.policies import (
     PriorityChanges,
     ProgramRows,
     SchedulerPreset,
-    eligible_workers,
 )
 from clairvoyant.scheduler.core.process_table import ProcessTable
 from clairvoyant.scheduler.core.pythia import PythiaAgingRule, completion_score, trusted_annotations
@@ -125,36 +124,21 @@ class ClairvoyantRouting(KairosTimeSlotRouting):
         self.routing_config = config or ClairvoyantRoutingConfig()
         super().__init__(self.routing_config.slots)
 
-    def route(self, request: QueuedRequest, workers: Sequence[WorkerView], now: float) -> str | None:
-        self._forget_missing(workers)
+    def prefers(self, request: QueuedRequest, worker: WorkerView, peak: float) -> bool:
+        """The session's worker, while its expected peak stays under the affinity load."""
         program = self.programs.of(request) if self.programs is not None else None
-        pin = program.engine_id if program is not None else None
-        booking = self.booking_for(request, now)
-        best: tuple[bool, float, str] | None = None  # (not affine, peak, id): smallest wins
-        for worker in eligible_workers(request, workers):
-            self._reconcile(worker)
-            if self.suspended(worker, now):
-                continue
-            available, peak = self.fit(worker, booking, now)
-            if not available:
-                continue
-            affine = worker.worker_id == pin and peak < self.routing_config.affinity_load * self.capacity(worker)
-            key = (not affine, peak, worker.worker_id)
-            if best is None or key < best:
-                best = key
-        if best is None:
-            return None
-        chosen = best[2]
-        self._bookings.setdefault(chosen, []).append(booking)
-        if program is not None:
+        return (
+            program is not None
+            and worker.worker_id == program.engine_id
+            and peak < self.routing_config.affinity_load * self.capacity(worker)
+        )
+
+    def route(self, request: QueuedRequest, workers: Sequence[WorkerView], now: float) -> str | None:
+        chosen = super().route(request, workers, now)
+        program = self.programs.of(request) if self.programs is not None else None
+        if chosen is not None and program is not None:
             program.engine_id = chosen
         return chosen
-
-    def capacity(self, worker: WorkerView) -> float:
-        """KV capacity in tokens (infinite when the worker reports no pool)."""
-        if worker.kv_blocks_total <= 0:
-            return float("inf")
-        return float(worker.kv_blocks_total * (worker.block_size or self.config.block_size))
 
 
 PRESETS.register("clairvoyant")(lambda: SchedulerPreset("clairvoyant", "clairvoyant"))

@@ -267,26 +267,40 @@ class KairosTimeSlotRouting:
         peak = max(slots)
         if worker.kv_blocks_total <= 0:
             return True, peak
-        capacity = worker.kv_blocks_total * (worker.block_size or self.config.block_size)
+        capacity = self.capacity(worker)
         spanned = slots[: plan.span(booking)]
         alone = booking.prompt_tokens + booking.output_tokens > capacity
         return (not bookings if alone else max(spanned) <= capacity), peak
 
+    def capacity(self, worker: WorkerView) -> float:
+        """KV capacity in tokens (infinite when the worker reports no pool)."""
+        if worker.kv_blocks_total <= 0:
+            return math.inf
+        return float(worker.kv_blocks_total * (worker.block_size or self.config.block_size))
+
+    def prefers(self, request: QueuedRequest, worker: WorkerView, peak: float) -> bool:
+        """Whether ``worker`` goes before every worker it does not prefer, whatever their peaks.
+        Kairos prefers none; a subclass may (clairvoyant's session affinity)."""
+        return False
+
     def route(self, request: QueuedRequest, workers: Sequence[WorkerView], now: float) -> str | None:
         self._forget_missing(workers)
         booking = self.booking_for(request, now)
-        best: tuple[float, str] | None = None
+        best: tuple[bool, float, str] | None = None  # (not preferred, peak, id): smallest wins
         for worker in eligible_workers(request, workers):
             self._reconcile(worker)
             if self.suspended(worker, now):
                 continue
             available, peak = self.fit(worker, booking, now)
-            if available and (best is None or (peak, worker.worker_id) < best):
-                best = (peak, worker.worker_id)
+            if not available:
+                continue
+            key = (not self.prefers(request, worker, peak), peak, worker.worker_id)
+            if best is None or key < best:
+                best = key
         if best is None:
             return None
-        self._bookings.setdefault(best[1], []).append(booking)
-        return best[1]
+        self._bookings.setdefault(best[2], []).append(booking)
+        return best[2]
 
     def bookings(self, worker: WorkerView) -> list[Booking]:
         return list(self._bookings.get(worker.worker_id, ()))
