@@ -200,6 +200,12 @@ class Simulator:
 
     def resume(self, until: float | None = None) -> RunRecords:
         """Go on with a run that ``run(..., until=...)`` stopped: to completion, or to ``until``."""
+        self.advance(until)
+        return self._finish_records(until)
+
+    def advance(self, until: float | None = None) -> None:
+        """Process events to completion (or to ``until``) without assembling the records: the
+        simulation proper, which ``resume`` follows with a pass over every record."""
         # The runner's and sampler's tensors are small (rows x a 260-token vocabulary): a second
         # intra-op thread never pays for itself, and on a busy machine each op past torch's
         # parallel grain (~128 rows) waits ~1-2 ms for a descheduled thread.
@@ -217,6 +223,8 @@ class Simulator:
             torch.set_num_threads(threads)
             if collecting:
                 gc.enable()
+
+    def _finish_records(self, until: float | None) -> RunRecords:
         unfinished = [w.workflow_id for w in self._workflows.values() if w.end_time is None]
         if unfinished and until is None:
             raise RuntimeError(f"{len(unfinished)} workflows never finished (e.g. {unfinished[0]})")

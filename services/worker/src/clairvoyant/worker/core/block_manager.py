@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from collections.abc import Sequence as Tokens
 from typing import NamedTuple
 
-from clairvoyant.worker.core.radix_cache import BlockTag, Namespace, RadixCache
+from clairvoyant.worker.core.radix_cache import BlockTag, HeldInsert, Namespace, RadixCache
 from clairvoyant.worker.core.sequence import Sequence
 
 
@@ -106,27 +106,63 @@ class BlockManager:
     def _take(self, count: int) -> list[int]:
         """``count`` blocks with one reference each, evicting cached-only blocks as needed (the
         caller checked ``num_allocatable_blocks``)."""
-        shortfall = count - len(self._free)
+        free, refs = self._free, self._ref_counts
+        shortfall = count - len(free)
         if shortfall > 0:
             assert self.cache is not None
-            evicted = self.cache.evict(shortfall, lambda b: self._ref_counts[b] == 1)
+            evicted = self.cache.evict(shortfall, lambda b: refs[b] == 1)
             assert len(evicted) == shortfall, "cached-only blocks must all be evictable"
-            for b in evicted:
-                self._num_cached_only -= 1
-                self._decref(b)
-        taken = []
-        for _ in range(count):
-            b = self._free.popleft()
-            self._incref(b)
-            taken.append(b)
+            self._num_cached_only -= shortfall
+            for b in evicted:  # the cache's reference was the last one
+                refs[b] = 0
+            free.extend(evicted)
+        taken = [free.popleft() for _ in range(count)]
+        for b in taken:  # free blocks are never cached: 0 -> 1 needs no cache check
+            refs[b] = 1
         return taken
+
+    def take(self, count: int) -> list[int]:
+        """``count`` fresh blocks with one reference each, for the caller to append to block tables
+        in order (a decode run's allocations, core/decode_run.py); the caller checked
+        ``num_allocatable_blocks``.  The same blocks, in the same order, as ``count`` one-block
+        ``allocate`` calls with nothing freed in between."""
+        assert count <= self.num_allocatable_blocks
+        return self._take(count)
+
+    def caches_as_new(self, seq: Sequence, index: int) -> bool:
+        """Whether caching ``seq``'s block ``index`` now would add a node (no cached block below its
+        parent has the same content), so ``cache_in_order`` may take it."""
+        if self.cache is None:
+            return False
+        bs = self.block_size
+        key = tuple(seq.token_ids[index * bs : (index + 1) * bs])
+        return not self.cache.has_child(seq.namespace, seq.block_table[index - 1] if index else None, key)
+
+    def cache_in_order(self, entries: Iterable[tuple[Sequence, int]]) -> None:
+        """For each (sequence, block index), in order: cache that full, computed block, the one right
+        after the sequence's cached blocks, as ``cache_computed_blocks`` would at the step it fills
+        (one clock tick each).  Every block must be new content below its parent (``caches_as_new``,
+        and no two entries alike), so no sequence switches blocks."""
+        cache = self.cache
+        assert cache is not None
+        bs, refs = self.block_size, self._ref_counts
+        inserts: list[HeldInsert] = []
+        for seq, index in entries:
+            assert index == seq.num_cached_blocks
+            table, block = seq.block_table, seq.block_table[index]
+            tag = seq.block_tags[0 if index < seq.prompt_len // bs else 1]
+            key = tuple(seq.token_ids[index * bs : (index + 1) * bs])
+            inserts.append((seq.namespace, table[index - 1] if index else None, key, block, tag))
+            refs[block] += 1  # the cache's reference; the sequence holds one too
+            seq.num_cached_blocks = index + 1
+        cache.insert_held(inserts)
 
     def free(self, seq: Sequence) -> None:
         """Drop all of ``seq``'s references (its cached blocks stay in the cache, most recently used)."""
-        if self.cache is not None:
-            self.cache.touch(seq.block_table[: seq.num_cached_blocks])
-        for b in reversed(seq.block_table):  # tail first: deeper blocks are reused first
-            self._decref(b)
+        cache = self.cache
+        if cache is not None:
+            cache.touch(seq.block_table[: seq.num_cached_blocks])
+        self._decref_all(reversed(seq.block_table))  # tail first: deeper blocks are reused first
         seq.block_table = []
         seq.num_cached_blocks = 0
         seq.num_computed_tokens = 0
@@ -144,10 +180,9 @@ class BlockManager:
         first = seq.num_cached_blocks
         bs = self.block_size
         parent = seq.block_table[first - 1] if first > 0 else None
-        tags = [
-            BlockTag(seq.lineage, "prompt" if (i + 1) * bs <= seq.prompt_len else "response")
-            for i in range(first, num_full)
-        ]
+        prompt_blocks = seq.prompt_len // bs  # block i holds prompt tokens only if i < this
+        prompt_tag, response_tag = seq.block_tags
+        tags = [prompt_tag if i < prompt_blocks else response_tag for i in range(first, num_full)]
         own = seq.block_table[first:num_full]
         canonical = cache.insert(seq.namespace, parent, seq.token_ids[first * bs : num_full * bs], own, tags)
         for i, (mine, cached) in enumerate(zip(own, canonical, strict=True)):
@@ -200,14 +235,25 @@ class BlockManager:
 
     def release_prefix(self, reservation: PrefixReservation) -> None:
         """Drop the reservation's references; fresh blocks nobody cached go back to the free list."""
-        for b in reversed(reservation.block_table):
-            self._decref(b)
+        self._decref_all(reversed(reservation.block_table))
 
     # ---- reference counts ----------------------------------------------------------------------
     def _incref(self, b: int) -> None:
         if self._ref_counts[b] == 1 and self.cache is not None and b in self.cache:
             self._num_cached_only -= 1
         self._ref_counts[b] += 1
+
+    def _decref_all(self, blocks: Iterable[int]) -> None:
+        """``_decref`` of each of ``blocks``, in order (inlined: a finished sequence drops thousands)."""
+        refs, free, cache = self._ref_counts, self._free, self.cache
+        for b in blocks:
+            count = refs[b] = refs[b] - 1
+            if count == 0:
+                free.append(b)
+            elif count == 1 and cache is not None and b in cache:
+                self._num_cached_only += 1
+                cache.note_unreferenced(b)
+            assert count >= 0, f"block {b} freed twice"
 
     def _decref(self, b: int) -> None:
         self._ref_counts[b] -= 1

@@ -93,22 +93,107 @@ def replay_block_events(
     and call ``finish`` for each sequence flagged in ``finished`` after the last step's forward.
 
     Tokens must already be appended; each sequence's ``num_computed_tokens`` is set per event and
-    left at its value after the last step.
+    left at its value after the last step.  The steps before the last one (where nothing
+    finishes) go in bulk when they can (``_replay_in_bulk``), the last one event by event.
     """
+    bulk = num_steps - 1 if num_steps > 1 and _replay_in_bulk(run, num_steps - 1, kv) else 0
+    _replay_in_order(run, bulk, num_steps, kv, finished, finish)
+
+
+def _replay_in_bulk(run: DecodeRun, num_steps: int, kv: BlockManager) -> bool:
+    """The block events of the run's first ``num_steps`` steps (none finishes a sequence) as one
+    ``take`` for all allocations and one ``cache_in_order`` for all filled blocks, each in step
+    order; False, changing nothing, where that could differ from event by event.
+
+    Step ``s`` computes position ``c + s`` (``c`` = computed tokens before the run).  A sequence
+    allocates at steps ``a, a + bs, ...`` and fills a block at steps ``f, f + bs, ...``; with both
+    phases in ``[0, bs)``, round ``r`` of either kind is ``[r * bs, (r + 1) * bs)`` and within it
+    the events go by (phase, batch index), the same order every round::
+
+        phases (bs = 4):  seq0 a=2   seq1 a=0   seq2 a=3
+        steps:            1 2 3 | 4 5 6 7 | 8 ...    allocation order: seq1 seq0 seq2 | seq1 seq0 ...
+
+    Grouping is exact because the two kinds touch disjoint blocks: allocations evict only blocks no
+    sequence holds, and the filled blocks are held by their running sequences.  It needs block
+    tables exactly covering the computed tokens plus at most one block (``a < bs``), every block
+    computed before the run cached already, and each filled block new content below its parent
+    (so no sequence switches to a block cached meanwhile).
+    """
+    bs = kv.block_size
+    seqs, computed = run.seqs, run.start_computed
+    allocation_phase = [len(seq.block_table) * bs - c for seq, c in zip(seqs, computed, strict=True)]
+    if not all(0 <= a < bs for a in allocation_phase):
+        return False
+    fill_phase = [bs - 1 - c % bs for c in computed]
+    if kv.cache is not None and not _fills_new_content(seqs, computed, fill_phase, num_steps, kv):
+        return False
+    allocations = _rounds(allocation_phase, num_steps, bs)
+    for (index, _), block in zip(allocations, kv.take(len(allocations)), strict=True):
+        seqs[index].block_table.append(block)
+    if kv.cache is not None:
+        kv.cache_in_order((seqs[index], computed[index] // bs + r) for index, r in _rounds(fill_phase, num_steps, bs))
+    return True
+
+
+def _fills_new_content(
+    seqs: Seq[Sequence], computed: Seq[int], fill_phase: Seq[int], num_steps: int, kv: BlockManager
+) -> bool:
+    """Whether every sequence has its computed blocks cached and the first block it fills within
+    ``num_steps`` steps is new below its parent, and unlike any other's (later ones hang below it)."""
+    bs = kv.block_size
+    seen: set[tuple[object, ...]] = set()
+    for seq, c, phase in zip(seqs, computed, fill_phase, strict=True):
+        first = c // bs
+        if seq.num_cached_blocks != first:
+            return False
+        if phase >= num_steps:
+            continue
+        parent = seq.block_table[first - 1] if first else None
+        ident = (seq.namespace, parent, tuple(seq.token_ids[first * bs : (first + 1) * bs]))
+        if ident in seen or not kv.caches_as_new(seq, first):
+            return False
+        seen.add(ident)
+    return True
+
+
+def _rounds(phases: Seq[int], num_steps: int, block_size: int) -> list[tuple[int, int]]:
+    """(batch index, round) of every event at steps ``phase + round * block_size < num_steps``, in
+    step order (ties by batch index)."""
+    order = sorted(range(len(phases)), key=phases.__getitem__)  # stable: ties keep batch order
+    ordered_phases = [phases[i] for i in order]
+    events: list[tuple[int, int]] = []
+    r = 0
+    while count := bisect.bisect_left(ordered_phases, num_steps - r * block_size):
+        events += [(index, r) for index in order[:count]]
+        r += 1
+    return events
+
+
+def _replay_in_order(
+    run: DecodeRun,
+    first_step: int,
+    num_steps: int,
+    kv: BlockManager,
+    finished: Seq[bool],
+    finish: Callable[[Sequence], None],
+) -> None:
+    """The block events of steps ``[first_step, num_steps)``, one by one (the earlier steps' are done)."""
     bs = kv.block_size
     events: list[tuple[int, int, int]] = []  # (step, kind, batch index)
     for index, (seq, computed) in enumerate(zip(run.seqs, run.start_computed, strict=True)):
         if finished[index]:
             events.append((num_steps - 1, FINISH, index))
-        first_allocation = len(seq.block_table) * bs - computed
-        events += [(s, ALLOCATE, index) for s in range(max(0, first_allocation), num_steps, bs)]
+        next_allocation = len(seq.block_table) * bs - computed  # the table covers the earlier steps
+        events += [(s, ALLOCATE, index) for s in range(max(first_step, next_allocation), num_steps, bs)]
         if kv.cache is None:
             continue
         # ``step()`` caches after every step: at each block boundary, and at step 0 too when blocks
         # computed before the run are not cached yet.
         first_boundary = (computed // bs + 1) * bs - computed - 1
-        if (computed + 1) // bs > seq.num_cached_blocks and first_boundary > 0:
+        if first_step == 0 and (computed + 1) // bs > seq.num_cached_blocks and first_boundary > 0:
             events.append((0, CACHE, index))
+        if first_boundary < first_step:
+            first_boundary += -(-(first_step - first_boundary) // bs) * bs
         events += [(s, CACHE, index) for s in range(first_boundary, num_steps, bs)]
     events.sort()
     for step, kind, index in events:

@@ -51,6 +51,11 @@ class BlockTag:
     source: BlockSource
 
 
+# One block for ``RadixCache.insert_held``: (namespace, parent block or None for the namespace
+# root, the block's tokens, block id, tag).  A plain tuple: a decode run builds one per block.
+HeldInsert = tuple[Namespace, int | None, tuple[int, ...], int, BlockTag]
+
+
 class RadixNode:
     __slots__ = ("block_id", "children", "key", "last_access", "parent", "tag")
 
@@ -142,13 +147,45 @@ class RadixCache:
             self._access(node)
         return canonical
 
+    def has_child(self, namespace: Namespace, parent_block: int | None, key: tuple[int, ...]) -> bool:
+        """Whether a block with content ``key`` is cached right below ``parent_block`` (None: the root)."""
+        node = self._roots.get(namespace) if parent_block is None else self._node_of_block.get(parent_block)
+        return node is not None and key in node.children
+
+    def insert_held(self, inserts: Sequence[HeldInsert]) -> None:
+        """``insert`` of one new block per entry, in order, each with its own clock tick, for blocks
+        a running sequence holds (a decode run's filled blocks, ``block_manager.cache_in_order``).
+
+        Each block must be new content below its parent (``has_child`` is False, and no two entries
+        share parent and key).  No heap entry is pushed: a held block is not evictable, and the
+        sequence's ``free`` touches it (pushing an entry) before it can be.
+        """
+        roots, nodes = self._roots, self._node_of_block
+        clock = self._clock
+        for namespace, parent_block, key, block_id, tag in inserts:
+            if parent_block is None:
+                parent = roots.setdefault(namespace, RadixNode((), -1, None, None))
+            else:
+                parent = nodes[parent_block]
+            assert key not in parent.children and block_id not in nodes, "insert_held needs new content"
+            child = RadixNode(key, block_id, parent, tag)
+            clock += 1
+            child.last_access = clock
+            parent.children[key] = child
+            nodes[block_id] = child
+        self._clock = clock
+
     def touch(self, block_ids: Sequence[int]) -> None:
         """Mark cached blocks as just used (e.g. when the sequence holding them finishes)."""
         self._clock += 1
-        for block_id in block_ids:
-            node = self._node_of_block.get(block_id)
+        clock, nodes, heap = self._clock, self._node_of_block, self._lru
+        for block_id in block_ids:  # ``_access``, inlined: a finished sequence touches thousands
+            node = nodes.get(block_id)
             if node is not None:
-                self._access(node)
+                node.last_access = clock
+                if not node.children:
+                    heapq.heappush(heap, clock << _ID_BITS | block_id)
+        self._drop_stale_entries()
 
     def note_unreferenced(self, block_id: int) -> None:
         """The block manager's word that only the cache holds ``block_id`` now: a candidate again."""
@@ -180,7 +217,12 @@ class RadixCache:
         if node.children:
             return  # not a leaf: it can only become one in ``evict``, which pushes it then
         heapq.heappush(self._lru, self._clock << _ID_BITS | node.block_id)
-        if len(self._lru) > 4 * len(self._node_of_block) + 1024:  # drop the stale entries
+        self._drop_stale_entries()
+
+    def _drop_stale_entries(self) -> None:
+        """Rebuild the heap once stale entries dominate it (which entries are stale never changes
+        what ``evict`` returns: it skips them)."""
+        if len(self._lru) > 4 * len(self._node_of_block) + 1024:
             self._lru = [n.last_access << _ID_BITS | b for b, n in self._node_of_block.items()]
             heapq.heapify(self._lru)
 

@@ -14,6 +14,7 @@ import enum
 import torch
 
 from clairvoyant.worker.core.detokenize import Detokenizer
+from clairvoyant.worker.core.radix_cache import BlockTag
 from clairvoyant.worker.core.sampling import SampleRow, SamplingParams
 from clairvoyant.worker.core.types import EngineRequest, FinishReason, Lineage
 
@@ -43,6 +44,9 @@ class Sequence:
         self.params: SamplingParams = request.sampling
         self.priority = request.priority
         self.lineage: Lineage | None = request.lineage
+        # The tags of the blocks this sequence caches (prompt blocks, response blocks): one object
+        # each, shared by every block (tags are immutable).
+        self.block_tags = (BlockTag(self.lineage, "prompt"), BlockTag(self.lineage, "response"))
         self.arrival_time = arrival_time
         self.prompt_len = len(request.prompt_token_ids)
         self.token_ids: list[int] = list(request.prompt_token_ids)
