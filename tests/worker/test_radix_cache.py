@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
@@ -66,11 +67,18 @@ def test_evict_matches_a_full_scan_under_random_operations(seed: int) -> None:
                     cache.note_unreferenced(b)
         elif op < 0.85:
             cache.touch(rng.sample(cached, min(3, len(cached))))
-        else:  # evict a few, one at a time, against the scan
+        elif op < 0.93:  # evict a few, one at a time, against the scan
             for _ in range(rng.randint(1, 4)):
                 expected = _reference_victim(cache, refs)
-                got = cache.evict(1, lambda b: refs[b] == 1)
+                got = cache.evict(1, refs)  # type: ignore[arg-type]
                 assert got == ([] if expected is None else [expected])
                 for b in got:
                     del refs[b], paths[b]
+        else:  # evict many in one call: the same blocks, in the same order, as one at a time
+            count = rng.randint(2, 12)
+            one_by_one = copy.deepcopy(cache)
+            expected_all = [b for _ in range(count) for b in one_by_one.evict(1, refs)]  # type: ignore[arg-type]
+            assert cache.evict(count, refs) == expected_all  # type: ignore[arg-type]
+            for b in expected_all:
+                del refs[b], paths[b]
         cache.check_integrity()

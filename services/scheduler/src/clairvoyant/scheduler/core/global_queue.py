@@ -155,6 +155,7 @@ class GlobalScheduler:
             raise ValueError("engine_queue_factor must be at least 1")
         self._rebalancing = routing if isinstance(routing, Rebalancing) else None
         self._migrating = routing if isinstance(routing, MigratesKv) else None
+        self._observer = routing if isinstance(routing, WorkerObserver) else None  # once: Protocol checks are slow
 
     @classmethod
     def from_preset(cls, preset: str, **options: Any) -> GlobalScheduler:
@@ -401,8 +402,8 @@ class GlobalScheduler:
             block_size=report.block_size,
         )
         self._workers[report.worker_id] = view
-        if isinstance(self.routing_policy, WorkerObserver):
-            self.routing_policy.observe_worker(report, now)
+        if self._observer is not None:
+            self._observer.observe_worker(report, now)
         return view
 
     def drain(self, worker_id: str, drain: bool = True) -> bool:

@@ -105,19 +105,20 @@ class BlockManager:
 
     def _take(self, count: int) -> list[int]:
         """``count`` blocks with one reference each, evicting cached-only blocks as needed (the
-        caller checked ``num_allocatable_blocks``)."""
+        caller checked ``num_allocatable_blocks``): the free list's head first, then the evicted
+        blocks in eviction order."""
         free, refs = self._free, self._ref_counts
         shortfall = count - len(free)
         if shortfall > 0:
             assert self.cache is not None
-            evicted = self.cache.evict(shortfall, lambda b: refs[b] == 1)
+            evicted = self.cache.evict(shortfall, refs)
             assert len(evicted) == shortfall, "cached-only blocks must all be evictable"
             self._num_cached_only -= shortfall
-            for b in evicted:  # the cache's reference was the last one
-                refs[b] = 0
-            free.extend(evicted)
-        taken = [free.popleft() for _ in range(count)]
-        for b in taken:  # free blocks are never cached: 0 -> 1 needs no cache check
+            taken = [*free, *evicted]  # the whole free list, then what eviction freed
+            free.clear()
+        else:
+            taken = [free.popleft() for _ in range(count)]
+        for b in taken:  # free or just evicted, so not cached: one reference, the caller's
             refs[b] = 1
         return taken
 
@@ -161,7 +162,7 @@ class BlockManager:
         """Drop all of ``seq``'s references (its cached blocks stay in the cache, most recently used)."""
         cache = self.cache
         if cache is not None:
-            cache.touch(seq.block_table[: seq.num_cached_blocks])
+            cache.touch(seq.block_table[: seq.num_cached_blocks], held=True)
         self._decref_all(reversed(seq.block_table))  # tail first: deeper blocks are reused first
         seq.block_table = []
         seq.num_cached_blocks = 0

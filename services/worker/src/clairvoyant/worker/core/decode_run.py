@@ -25,8 +25,7 @@ import bisect
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-
-import numpy as np
+from typing import NamedTuple
 
 from clairvoyant.worker.core.block_manager import BlockManager
 from clairvoyant.worker.core.sequence import Sequence, SequenceStatus
@@ -41,7 +40,7 @@ class DecodeRun:
     seqs: tuple[Sequence, ...]
     start_computed: tuple[int, ...]  # each sequence's num_computed_tokens before the first step
     step_seconds: tuple[float, ...]  # the runner's prediction, one per step
-    allocation_steps: tuple[int, ...]  # sorted: the step of every block allocation in the run
+    allocations: Allocations  # when the batch takes blocks
     kv_blocks_used_before: int
     kv_blocks_free_before: int
 
@@ -54,8 +53,40 @@ class DecodeRun:
 
         Allocating beyond the free list evicts cached-only blocks, which leaves the count unchanged.
         """
-        allocated = bisect.bisect_left(self.allocation_steps, steps)
-        return self.kv_blocks_used_before + min(allocated, self.kv_blocks_free_before)
+        return self.kv_blocks_used_before + min(self.allocations.before(steps), self.kv_blocks_free_before)
+
+
+class Allocations(NamedTuple):
+    """The block allocations of a batch of plain decodes, one block per sequence every
+    ``block_size`` steps.  Step ``s`` computes position ``c + s`` of a sequence (``c`` computed
+    before), which needs a new block when the table ends there: at steps ``p, p + bs, ...`` with
+    phase ``p = len(block_table) * bs - c`` in ``[0, bs)``.  With the phases sorted, round ``r``
+    holds the allocations at steps ``[r * bs, (r + 1) * bs)``, one per sequence::
+
+        sorted phases (bs = 4): 0 2 3     allocation k:  0 1 2 | 3 4 5 | ...
+                                          at step:       0 2 3 | 4 6 7 | ...
+    """
+
+    phases: tuple[int, ...]  # sorted
+    block_size: int
+
+    @classmethod
+    def of(cls, seqs: Seq[Sequence], block_size: int) -> Allocations | None:
+        """None when a table does not end within one block of the computed tokens."""
+        phases = sorted(len(seq.block_table) * block_size - seq.num_computed_tokens for seq in seqs)
+        if not phases or phases[0] < 0 or phases[-1] >= block_size:
+            return None
+        return cls(tuple(phases), block_size)
+
+    def before(self, step: int) -> int:
+        """Allocations at steps before ``step``."""
+        rounds, offset = divmod(step, self.block_size)
+        return rounds * len(self.phases) + bisect.bisect_left(self.phases, offset)
+
+    def step_of(self, k: int) -> int:
+        """The step of allocation ``k`` (0-based)."""
+        rounds, index = divmod(k, len(self.phases))
+        return rounds * self.block_size + self.phases[index]
 
 
 def decodable(seq: Sequence) -> bool:
@@ -71,19 +102,6 @@ def steps_to_first_finish(seqs: Seq[Sequence]) -> int:
 def finishes_after(seq: Sequence, num_steps: int) -> bool:
     """Whether ``num_steps`` decode steps bring ``seq`` (before them) to its length limit."""
     return seq.num_output_tokens + num_steps >= seq.params.max_tokens
-
-
-def allocation_steps(seqs: Seq[Sequence], block_size: int, horizon: int) -> np.ndarray:
-    """Sorted steps (< ``horizon``) at which the batch allocates a block.
-
-    Step ``s`` computes position ``c + s`` (``c`` = computed tokens before the run); a block is
-    needed when that position is the first of a block the table does not hold yet.
-    """
-    steps = [
-        np.arange(len(seq.block_table) * block_size - seq.num_computed_tokens, horizon, block_size)
-        for seq in seqs
-    ]
-    return np.sort(np.concatenate(steps)) if steps else np.zeros(0, dtype=np.int64)
 
 
 def replay_block_events(

@@ -10,11 +10,12 @@ import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from clairvoyant.worker.core.block_manager import BlockManager
 from clairvoyant.worker.core.decode_run import (
+    Allocations,
     DecodeRun,
-    allocation_steps,
     decodable,
     finishes_after,
     replay_block_events,
@@ -85,6 +86,7 @@ class LLMEngine:
         self._cached_prompt_tokens_total = 0
         self._generated_tokens_total = 0
         runner.allocate_kv(config.num_blocks, config.block_size)
+        self._fast_forward = isinstance(runner, FastForwardRunner)  # once: a Protocol check is slow
 
     # ---- requests ------------------------------------------------------------------------------
     def add_request(self, req: EngineRequest) -> None:
@@ -187,7 +189,7 @@ class LLMEngine:
             or sched.waiting
             or self._aborted
             or len(running) > sched.max_num_batched_tokens
-            or not isinstance(runner, FastForwardRunner)
+            or not self._fast_forward
             or not all(decodable(seq) for seq in running)
         ):
             return None
@@ -196,9 +198,11 @@ class LLMEngine:
             return None
         now = self.clock()
         seqs = tuple(sorted(running, key=lambda seq: sched.urgency(seq, now), reverse=True))  # batch order
-        allocations = allocation_steps(seqs, self.kv.block_size, horizon)
+        allocations = Allocations.of(seqs, self.kv.block_size)
+        if allocations is None:
+            return None
         allocatable = self.kv.num_allocatable_blocks
-        num_steps = horizon if len(allocations) <= allocatable else int(allocations[allocatable])
+        num_steps = horizon if allocations.before(horizon) <= allocatable else allocations.step_of(allocatable)
         if num_steps < 2:
             return None
         computed = tuple(seq.num_computed_tokens for seq in seqs)
@@ -206,7 +210,7 @@ class LLMEngine:
             seqs=seqs,
             start_computed=computed,
             step_seconds=tuple(runner.decode_run_seconds(computed, num_steps)),
-            allocation_steps=tuple(int(s) for s in allocations if s < num_steps),
+            allocations=allocations,
             kv_blocks_used_before=self.kv.num_used_blocks,
             kv_blocks_free_before=self.kv.num_blocks - self.kv.num_used_blocks,
         )
@@ -222,8 +226,8 @@ class LLMEngine:
             for seq, computed in zip(run.seqs, run.start_computed, strict=True)
         ) or len(run.seqs) != len(self.scheduler.running):
             raise ValueError("the decode run is stale: the batch changed since it was planned")
-        runner = self.runner
-        assert isinstance(runner, FastForwardRunner)
+        assert self._fast_forward
+        runner = cast(FastForwardRunner, self.runner)
         new_tokens = []
         for seq, computed in zip(run.seqs, run.start_computed, strict=True):
             tokens = runner.decode_tokens(seq.seq_id, computed, num_steps)

@@ -31,7 +31,7 @@ same blocks a full scan would, in O(evicted log n) instead of O(cache size) per 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -175,15 +175,18 @@ class RadixCache:
             nodes[block_id] = child
         self._clock = clock
 
-    def touch(self, block_ids: Sequence[int]) -> None:
-        """Mark cached blocks as just used (e.g. when the sequence holding them finishes)."""
+    def touch(self, block_ids: Sequence[int], *, held: bool = False) -> None:
+        """Mark cached blocks as just used (e.g. when the sequence holding them finishes).
+
+        ``held``: the caller holds every one of them and is about to let go (``note_unreferenced``
+        then gives each one that becomes evictable its entry), so no entry is pushed now."""
         self._clock += 1
         clock, nodes, heap = self._clock, self._node_of_block, self._lru
         for block_id in block_ids:  # ``_access``, inlined: a finished sequence touches thousands
             node = nodes.get(block_id)
             if node is not None:
                 node.last_access = clock
-                if not node.children:
+                if not held and not node.children:
                     heapq.heappush(heap, clock << _ID_BITS | block_id)
         self._drop_stale_entries()
 
@@ -193,23 +196,36 @@ class RadixCache:
         if node is not None and not node.children:  # an interior node gets its entry in ``evict``
             heapq.heappush(self._lru, node.last_access << _ID_BITS | block_id)
 
-    def evict(self, num_blocks: int, is_unreferenced: Callable[[int], bool]) -> list[int]:
-        """Remove up to ``num_blocks`` least recently used leaves no one else references; their ids."""
+    def evict(self, num_blocks: int, ref_counts: Sequence[int]) -> list[int]:
+        """Remove up to ``num_blocks`` least recently used leaves no one else references (the block
+        manager's ``ref_counts`` say 1: the cache's own reference); their ids."""
         heap, nodes = self._lru, self._node_of_block
         evicted: list[int] = []
-        while heap and len(evicted) < num_blocks:
+        needed = num_blocks
+        while heap and needed:
             entry = heapq.heappop(heap)
-            last_access, block_id = entry >> _ID_BITS, entry & _ID_MASK
+            block_id = entry & _ID_MASK
             node = nodes.get(block_id)
-            if node is None or node.last_access != last_access or node.children or not is_unreferenced(block_id):
+            if node is None or node.last_access != entry >> _ID_BITS or node.children or ref_counts[block_id] != 1:
                 continue  # stale: a newer entry exists, or one is pushed when it becomes evictable
-            del nodes[block_id]
-            parent = node.parent
-            assert parent is not None
-            del parent.children[node.key]
-            evicted.append(block_id)
-            if parent.block_id >= 0 and not parent.children:
-                heapq.heappush(heap, parent.last_access << _ID_BITS | parent.block_id)
+            while True:  # evict ``node``, then its parent while that is the next leaf to go
+                del nodes[block_id]
+                parent = node.parent
+                assert parent is not None
+                del parent.children[node.key]
+                evicted.append(block_id)
+                needed -= 1
+                block_id = parent.block_id
+                if block_id < 0 or parent.children:
+                    break
+                # The parent is a leaf now.  Its entry would be pushed and, when it is below every
+                # other entry, popped right back: skip the round trip.
+                entry = parent.last_access << _ID_BITS | block_id
+                if needed and (not heap or entry < heap[0]) and ref_counts[block_id] == 1:
+                    node = parent
+                    continue
+                heapq.heappush(heap, entry)
+                break
         return evicted
 
     def _access(self, node: RadixNode) -> None:
