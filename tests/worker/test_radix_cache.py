@@ -52,7 +52,7 @@ def test_evict_matches_a_full_scan_under_random_operations(seed: int) -> None:
                 if rng.random() < 0.6:
                     refs[b] -= 1
                     if refs[b] == 1:
-                        cache.note_unreferenced(b)
+                        cache.note_unreferenced([b])
         elif op < 0.55:  # a lookup of an existing path takes references on what it matches
             block = rng.choice(cached)
             matched = cache.match("t", paths[block], len(paths[block]) // BS)
@@ -64,7 +64,7 @@ def test_evict_matches_a_full_scan_under_random_operations(seed: int) -> None:
                 b = rng.choice(held)
                 refs[b] -= 1
                 if refs[b] == 1:
-                    cache.note_unreferenced(b)
+                    cache.note_unreferenced([b])
         elif op < 0.85:
             cache.touch(rng.sample(cached, min(3, len(cached))))
         elif op < 0.93:  # evict a few, one at a time, against the scan

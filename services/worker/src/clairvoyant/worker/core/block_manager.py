@@ -88,8 +88,11 @@ class BlockManager:
             return 0
         max_blocks = (seq.num_tokens - 1) // self.block_size
         blocks = self.cache.match(seq.namespace, seq.token_ids, max_blocks)
-        for b in blocks:
-            self._incref(b)
+        refs = self._ref_counts
+        for b in blocks:  # ``_incref`` of blocks known to be cached
+            if refs[b] == 1:
+                self._num_cached_only -= 1
+            refs[b] += 1
         seq.block_table = blocks
         seq.num_cached_blocks = len(blocks)
         seq.num_computed_tokens = len(blocks) * self.block_size
@@ -130,14 +133,19 @@ class BlockManager:
         assert count <= self.num_allocatable_blocks
         return self._take(count)
 
-    def caches_as_new(self, seq: Sequence, index: int) -> bool:
-        """Whether caching ``seq``'s block ``index`` now would add a node (no cached block below its
-        parent has the same content), so ``cache_in_order`` may take it."""
+    def caches_as_new(self, seq: Sequence, index: int, claimed: set[tuple[object, ...]]) -> bool:
+        """Whether caching ``seq``'s block ``index`` now would add a node, so ``cache_in_order`` may
+        take it: no cached block below its parent has the same content, nor does one ``claimed``
+        (which gets this block's (namespace, parent, content) when it is new)."""
         if self.cache is None:
             return False
         bs = self.block_size
-        key = tuple(seq.token_ids[index * bs : (index + 1) * bs])
-        return not self.cache.has_child(seq.namespace, seq.block_table[index - 1] if index else None, key)
+        parent = seq.block_table[index - 1] if index else None
+        ident = (seq.namespace, parent, tuple(seq.token_ids[index * bs : (index + 1) * bs]))
+        if ident in claimed or self.cache.has_child(*ident):
+            return False
+        claimed.add(ident)
+        return True
 
     def cache_in_order(self, entries: Iterable[tuple[Sequence, int]]) -> None:
         """For each (sequence, block index), in order: cache that full, computed block, the one right
@@ -246,25 +254,20 @@ class BlockManager:
 
     def _decref_all(self, blocks: Iterable[int]) -> None:
         """``_decref`` of each of ``blocks``, in order (inlined: a finished sequence drops thousands)."""
-        refs, free, cache = self._ref_counts, self._free, self.cache
+        refs, free = self._ref_counts, self._free
+        last_holder_left: list[int] = []  # down to one reference: the cache's, if it holds them
         for b in blocks:
             count = refs[b] = refs[b] - 1
             if count == 0:
                 free.append(b)
-            elif count == 1 and cache is not None and b in cache:
-                self._num_cached_only += 1
-                cache.note_unreferenced(b)
+            elif count == 1:
+                last_holder_left.append(b)
             assert count >= 0, f"block {b} freed twice"
+        if last_holder_left and self.cache is not None:
+            self._num_cached_only += self.cache.note_unreferenced(last_holder_left)
 
     def _decref(self, b: int) -> None:
-        self._ref_counts[b] -= 1
-        count = self._ref_counts[b]
-        assert count >= 0, f"block {b} freed twice"
-        if count == 1 and self.cache is not None and b in self.cache:
-            self._num_cached_only += 1
-            self.cache.note_unreferenced(b)
-        elif count == 0:
-            self._free.append(b)
+        self._decref_all((b,))
 
     def check_integrity(self, seqs: Iterable[Sequence]) -> None:
         """Reference counts equal the references held by ``seqs`` and the cache; nothing leaks."""

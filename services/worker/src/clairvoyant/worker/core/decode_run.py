@@ -159,18 +159,15 @@ def _fills_new_content(
     """Whether every sequence has its computed blocks cached and the first block it fills within
     ``num_steps`` steps is new below its parent, and unlike any other's (later ones hang below it)."""
     bs = kv.block_size
-    seen: set[tuple[object, ...]] = set()
+    seen: set[tuple[object, ...]] = set()  # (namespace, parent block, content) of the first fills
     for seq, c, phase in zip(seqs, computed, fill_phase, strict=True):
         first = c // bs
         if seq.num_cached_blocks != first:
             return False
         if phase >= num_steps:
             continue
-        parent = seq.block_table[first - 1] if first else None
-        ident = (seq.namespace, parent, tuple(seq.token_ids[first * bs : (first + 1) * bs]))
-        if ident in seen or not kv.caches_as_new(seq, first):
+        if not kv.caches_as_new(seq, first, seen):
             return False
-        seen.add(ident)
     return True
 
 

@@ -158,12 +158,14 @@ class LLMEngine:
         for seq, n in batch.chunks:
             start = seq.num_computed_tokens
             want_logits = start + n == seq.num_tokens
-            table = list(seq.block_table)  # a snapshot: the cache may swap shared blocks in later
-            items.append(ForwardItem(seq.seq_id, seq.token_ids[start : start + n], start, table, want_logits))
+            items.append(ForwardItem(seq.seq_id, seq.token_ids[start : start + n], start, seq.block_table, want_logits))
             if want_logits:
                 samplers.append(seq)
-        logits = self.runner.forward(items)
-        token_ids = sample(logits, [seq.sample_row() for seq in samplers])
+        if self._fast_forward:  # the runner knows its tokens: no logits to build and sample
+            token_ids = cast(FastForwardRunner, self.runner).forward_tokens(items)
+        else:
+            logits = self.runner.forward(items)
+            token_ids = sample(logits, [seq.sample_row() for seq in samplers])
         now = self.clock()
         for seq, n in batch.chunks:
             start = seq.num_computed_tokens

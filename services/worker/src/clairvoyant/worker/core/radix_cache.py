@@ -31,7 +31,7 @@ same blocks a full scan would, in O(evicted log n) instead of O(cache size) per 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -89,14 +89,17 @@ class RadixCache:
         node = self._roots.get(namespace)
         blocks: list[int] = []
         self._clock += 1
+        clock, bs = self._clock, self.block_size
         while node is not None and len(blocks) < max_blocks:
-            start = len(blocks) * self.block_size
-            child = node.children.get(tuple(token_ids[start : start + self.block_size]))
+            start = len(blocks) * bs
+            child = node.children.get(tuple(token_ids[start : start + bs]))
             if child is None:
                 break
-            self._access(child)
+            child.last_access = clock  # ``_access``; only the last node may be a leaf
             blocks.append(child.block_id)
             node = child
+        if blocks:
+            self._access(node)  # type: ignore[arg-type]
         return blocks
 
     def peek(self, namespace: Namespace, token_ids: Sequence[int], max_blocks: int) -> list[int]:
@@ -131,16 +134,16 @@ class RadixCache:
         else:
             node = self._node_of_block[parent_block]
         self._clock += 1
+        clock, bs, nodes = self._clock, self.block_size, self._node_of_block
         canonical: list[int] = []
-        for i, block_id in enumerate(block_ids):
-            key = tuple(token_ids[i * self.block_size : (i + 1) * self.block_size])
-            child = node.children.get(key)
+        for i, (block_id, tag) in enumerate(zip(block_ids, tags, strict=True)):
+            key = tuple(token_ids[i * bs : (i + 1) * bs])
+            children = node.children
+            child = children.get(key)
             if child is None:
-                assert block_id not in self._node_of_block, f"block {block_id} cached twice"
-                child = RadixNode(key, block_id, node, tags[i])
-                node.children[key] = child
-                self._node_of_block[block_id] = child
-            child.last_access = self._clock  # every node but the last gets a child: only it may be a leaf
+                assert block_id not in nodes, f"block {block_id} cached twice"
+                child = children[key] = nodes[block_id] = RadixNode(key, block_id, node, tag)
+            child.last_access = clock  # every node but the last gets a child: only it may be a leaf
             canonical.append(child.block_id)
             node = child
         if block_ids:
@@ -190,11 +193,18 @@ class RadixCache:
                     heapq.heappush(heap, clock << _ID_BITS | block_id)
         self._drop_stale_entries()
 
-    def note_unreferenced(self, block_id: int) -> None:
-        """The block manager's word that only the cache holds ``block_id`` now: a candidate again."""
-        node = self._node_of_block.get(block_id)
-        if node is not None and not node.children:  # an interior node gets its entry in ``evict``
-            heapq.heappush(self._lru, node.last_access << _ID_BITS | block_id)
+    def note_unreferenced(self, block_ids: Iterable[int]) -> int:
+        """The block manager's word that only the cache may hold each of ``block_ids`` now: the
+        cached ones are candidates again.  Returns how many of them are cached."""
+        nodes, heap = self._node_of_block, self._lru
+        cached = 0
+        for block_id in block_ids:
+            node = nodes.get(block_id)
+            if node is not None:
+                cached += 1
+                if not node.children:  # an interior node gets its entry in ``evict``
+                    heapq.heappush(heap, node.last_access << _ID_BITS | block_id)
+        return cached
 
     def evict(self, num_blocks: int, ref_counts: Sequence[int]) -> list[int]:
         """Remove up to ``num_blocks`` least recently used leaves no one else references (the block

@@ -33,7 +33,9 @@ class ForwardItem(NamedTuple):
     seq_id: int
     token_ids: Sequence[int]  # tokens whose K/V are computed this step (a prefill chunk or 1 decode token)
     start_pos: int  # absolute position of token_ids[0] in the sequence
-    block_table: Sequence[int]  # physical blocks covering positions [0, start_pos + len(token_ids))
+    # Physical blocks covering positions [0, start_pos + len(token_ids)): the sequence's own table,
+    # valid while ``forward`` runs (the engine swaps in shared blocks after the step).
+    block_table: Sequence[int]
     want_logits: bool  # True at the end of a prefill and for every decode token
 
 
@@ -115,6 +117,11 @@ class FastForwardRunner(Protocol):
     batch at once (``LLMEngine.plan_decode_run``) with exactly the tokens and predicted times that
     ``forward`` would have given step by step.  The simulator uses this to skip per-token work.
     """
+
+    def forward_tokens(self, items: Sequence[ForwardItem]) -> list[int]:
+        """``forward`` followed by sampling: the token of each item that wants logits, in order
+        (the same under any sampling parameters), without building logits."""
+        ...
 
     def decode_tokens(self, seq_id: int, first_position: int, num_steps: int) -> list[int]:
         """Tokens sampled by ``num_steps`` decode steps of sequence ``seq_id`` (any sampling

@@ -131,6 +131,27 @@ class EmulatedRunner:
         self.block_size = block_size
 
     def forward(self, items: Sequence[ForwardItem]) -> torch.Tensor:
+        self._take_step(items)
+        # Greedy or sampled, at any temperature, each row can only give its one token.
+        if not self.distinct_tokens:
+            wanted = sum(1 for item in items if item.want_logits)
+            return self._rows.expand(wanted, -1).clone()  # the placeholder on every row
+        rows = [_distinct_row(item.seq_id, item.start_pos + len(item.token_ids)) for item in items if item.want_logits]
+        return self._rows.index_select(0, torch.tensor(rows, dtype=torch.long))
+
+    def forward_tokens(self, items: Sequence[ForwardItem]) -> list[int]:
+        """FastForwardRunner: the tokens ``forward``'s logits leave to any sampler."""
+        self._take_step(items)
+        if not self.distinct_tokens:
+            return [PLACEHOLDER_TOKEN for item in items if item.want_logits]
+        return [
+            DISTINCT_FIRST + _distinct_row(item.seq_id, item.start_pos + len(item.token_ids))
+            for item in items
+            if item.want_logits
+        ]
+
+    def _take_step(self, items: Sequence[ForwardItem]) -> None:
+        """What a step costs: its predicted time is accounted and waited out."""
         if self.num_blocks == 0:
             raise RuntimeError("allocate_kv must be called before forward")
         cost = self.cost.step_cost(BatchItem(len(item.token_ids), item.start_pos) for item in items)
@@ -145,12 +166,6 @@ class EmulatedRunner:
             self._sleep(wait)
         if self.absorb_host_time:
             self._last_return = self._clock()
-        # Greedy or sampled, at any temperature, each row can only give its one token.
-        if not self.distinct_tokens:
-            wanted = sum(1 for item in items if item.want_logits)
-            return self._rows.expand(wanted, -1).clone()  # the placeholder on every row
-        rows = [_distinct_row(item.seq_id, item.start_pos + len(item.token_ids)) for item in items if item.want_logits]
-        return self._rows.index_select(0, torch.tensor(rows, dtype=torch.long))
 
     # ---- EmulatesKvTransfer: a migrated prefix's modelled time -----------------------------------
     def kv_transfer_seconds(self, num_tokens: int) -> float:
