@@ -193,23 +193,27 @@ def _replay_in_order(
     finish: Callable[[Sequence], None],
 ) -> None:
     """The block events of steps ``[first_step, num_steps)``, one by one (the earlier steps' are done)."""
-    bs = kv.block_size
+    bs, caching = kv.block_size, kv.cache is not None
     events: list[tuple[int, int, int]] = []  # (step, kind, batch index)
     for index, (seq, computed) in enumerate(zip(run.seqs, run.start_computed, strict=True)):
         if finished[index]:
             events.append((num_steps - 1, FINISH, index))
-        next_allocation = len(seq.block_table) * bs - computed  # the table covers the earlier steps
-        events += [(s, ALLOCATE, index) for s in range(max(first_step, next_allocation), num_steps, bs)]
-        if kv.cache is None:
+        step = max(first_step, len(seq.block_table) * bs - computed)  # the table covers earlier steps
+        while step < num_steps:
+            events.append((step, ALLOCATE, index))
+            step += bs
+        if not caching:
             continue
         # ``step()`` caches after every step: at each block boundary, and at step 0 too when blocks
         # computed before the run are not cached yet.
-        first_boundary = (computed // bs + 1) * bs - computed - 1
-        if first_step == 0 and (computed + 1) // bs > seq.num_cached_blocks and first_boundary > 0:
+        step = bs - 1 - computed % bs  # the first block boundary
+        if first_step == 0 and (computed + 1) // bs > seq.num_cached_blocks and step > 0:
             events.append((0, CACHE, index))
-        if first_boundary < first_step:
-            first_boundary += -(-(first_step - first_boundary) // bs) * bs
-        events += [(s, CACHE, index) for s in range(first_boundary, num_steps, bs)]
+        if step < first_step:
+            step += -(-(first_step - step) // bs) * bs
+        while step < num_steps:
+            events.append((step, CACHE, index))
+            step += bs
     events.sort()
     for step, kind, index in events:
         seq, computed = run.seqs[index], run.start_computed[index]

@@ -39,6 +39,7 @@ class IncrementalDetokenizer:
         self._emitted = 0  # len of text already released
         self._scanned = 0  # len of text already searched for stop strings
         self.stopped = False  # a stop string matched
+        self.wants_tokens = True
 
     def append(self, token_id: int) -> None:
         """Add one generated token (not after ``stopped``)."""
@@ -107,6 +108,7 @@ class Detokenizer(Protocol):
     """What the engine needs of a request's detokenizer (``IncrementalDetokenizer`` or ``NoText``)."""
 
     stopped: bool
+    wants_tokens: bool  # False: every call releases no text, so callers may skip them
     text: str
 
     def append(self, token_id: int) -> None: ...
@@ -122,6 +124,7 @@ class NoText:
     """The detokenizer of a request that wants token ids only: every call releases no text."""
 
     stopped = False
+    wants_tokens = False
     text = ""
 
     def append(self, token_id: int) -> None:

@@ -230,12 +230,12 @@ class LLMEngine:
             raise ValueError("the decode run is stale: the batch changed since it was planned")
         assert self._fast_forward
         runner = cast(FastForwardRunner, self.runner)
-        new_tokens = []
+        new_tokens, finished = [], []
         for seq, computed in zip(run.seqs, run.start_computed, strict=True):
             tokens = runner.decode_tokens(seq.seq_id, computed, num_steps)
-            seq.token_ids.extend(tokens)
+            seq.token_ids += tokens
             new_tokens.append(tokens)
-        finished = [finishes_after(seq, 0) for seq in run.seqs]  # tokens are appended already
+            finished.append(finishes_after(seq, 0))  # its tokens are appended already
         replay_block_events(run, num_steps, self.kv, finished, self._finish_by_length)
         runner.account_steps(run.step_seconds[:num_steps])
         self._generated_tokens_total += num_steps * len(run.seqs)
@@ -243,8 +243,11 @@ class LLMEngine:
         outputs = []
         for seq, tokens, done in zip(run.seqs, new_tokens, finished, strict=True):
             detok = seq.detokenizer
-            detok.extend(tokens)
-            text = detok.take(check_stop=False) + (detok.flush() if done else "")
+            if detok.wants_tokens:
+                detok.extend(tokens)
+                text = detok.take(check_stop=False) + (detok.flush() if done else "")
+            else:
+                text = ""
             outputs.append(self._output(seq, tokens, text, done))
         return outputs
 
@@ -264,11 +267,13 @@ class LLMEngine:
         if token_id in seq.eos_token_ids and not params.ignore_eos:
             reason = "stop"  # min_tokens is enforced by the sampler, which bans EOS until then
             text = ""
-        else:
+        elif detok.wants_tokens:
             detok.append(token_id)
             text = detok.take(check_stop=seq.num_output_tokens >= params.min_tokens)
             if detok.stopped:
                 reason = "stop"
+        else:
+            text = ""
         if reason is None and seq.num_output_tokens >= params.max_tokens:
             reason = "length"
         if reason is not None:

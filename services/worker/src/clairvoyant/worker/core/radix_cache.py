@@ -139,7 +139,7 @@ class RadixCache:
         for i, (block_id, tag) in enumerate(zip(block_ids, tags, strict=True)):
             key = tuple(token_ids[i * bs : (i + 1) * bs])
             children = node.children
-            child = children.get(key)
+            child = children.get(key) if children else None  # below a new node: skip hashing the key
             if child is None:
                 assert block_id not in nodes, f"block {block_id} cached twice"
                 child = children[key] = nodes[block_id] = RadixNode(key, block_id, node, tag)
@@ -170,7 +170,7 @@ class RadixCache:
                 parent = roots.setdefault(namespace, RadixNode((), -1, None, None))
             else:
                 parent = nodes[parent_block]
-            assert key not in parent.children and block_id not in nodes, "insert_held needs new content"
+            assert not parent.children or key not in parent.children, "insert_held needs new content"
             child = RadixNode(key, block_id, parent, tag)
             clock += 1
             child.last_access = clock
@@ -222,7 +222,11 @@ class RadixCache:
                 del nodes[block_id]
                 parent = node.parent
                 assert parent is not None
-                del parent.children[node.key]
+                siblings = parent.children
+                if len(siblings) == 1:
+                    siblings.clear()  # no need to hash the key (16 tokens) to drop an only child
+                else:
+                    del siblings[node.key]
                 evicted.append(block_id)
                 needed -= 1
                 block_id = parent.block_id
