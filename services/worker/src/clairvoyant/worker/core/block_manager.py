@@ -168,10 +168,15 @@ class BlockManager:
 
     def free(self, seq: Sequence) -> None:
         """Drop all of ``seq``'s references (its cached blocks stay in the cache, most recently used)."""
-        cache = self.cache
-        if cache is not None:
-            cache.touch(seq.block_table[: seq.num_cached_blocks], held=True)
-        self._decref_all(reversed(seq.block_table))  # tail first: deeper blocks are reused first
+        table, cached, refs = seq.block_table, seq.num_cached_blocks, self._ref_counts
+        # The uncached tail is the sequence's alone: back to the free list, deepest first (reused first).
+        for b in reversed(table[cached:]):
+            assert refs[b] == 1, f"block {b} is not the sequence's alone"
+            refs[b] = 0
+            self._free.append(b)
+        if cached:
+            assert self.cache is not None
+            self._num_cached_only += self.cache.release(table[:cached], refs)
         seq.block_table = []
         seq.num_cached_blocks = 0
         seq.num_computed_tokens = 0
