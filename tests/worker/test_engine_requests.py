@@ -173,4 +173,8 @@ def test_a_token_only_request_generates_the_same_tokens_without_text() -> None:
         engine.add_request(request("s", prompt, stop=["a"], detokenize=False))
     with pytest.raises(ValueError, match="outside the vocabulary"):
         engine.add_request(request("v", [1, 2, 10**6]))
+    with pytest.raises(ValueError, match="token id -2 outside the vocabulary"):
+        engine.add_request(request("n", [1, -2, 3]))
+    with pytest.raises(ValueError, match="token id 400 outside the vocabulary"):  # 256 is in (size 257)
+        engine.add_request(request("w", [1, 256, 400]))
     assert engine.stats().waiting == 0

@@ -66,6 +66,19 @@ class EngineConfig:
             raise ValueError("EngineConfig.aging_rate must be >= 0")
 
 
+def _in_vocabulary(token_ids: list[int], vocab_size: int) -> bool:
+    """Whether every id is in ``[0, vocab_size)``.  Ids that all fit a byte (byte-level prompts,
+    every vocabulary has 256 ids or more) pass with one ``bytes()`` conversion, which checks the
+    range in C, instead of a ``min`` and a ``max`` pass."""
+    if vocab_size >= 256:
+        try:
+            bytes(token_ids)
+            return True
+        except (ValueError, TypeError):
+            pass
+    return min(token_ids) >= 0 and max(token_ids) < vocab_size
+
+
 class LLMEngine:
     def __init__(
         self, runner: ModelRunner, config: EngineConfig, clock: Callable[[], float] = time.monotonic
@@ -106,7 +119,7 @@ class LLMEngine:
                 f"request needs {blocks} KV blocks but the pool has {self.config.num_blocks}; "
                 "lower max_tokens or the prompt length"
             )
-        if min(req.prompt_token_ids) < 0 or max(req.prompt_token_ids) >= info.vocab_size:
+        if not _in_vocabulary(req.prompt_token_ids, info.vocab_size):
             bad = next(t for t in req.prompt_token_ids if not 0 <= t < info.vocab_size)
             raise ValueError(f"token id {bad} outside the vocabulary (size {info.vocab_size})")
         if not req.detokenize and req.sampling.stop:
