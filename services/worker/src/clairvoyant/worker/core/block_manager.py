@@ -141,6 +141,8 @@ class BlockManager:
             return False
         bs = self.block_size
         parent = seq.block_table[index - 1] if index else None
+        if parent is not None and self._ref_counts[parent] == 2 and self.cache.is_leaf(parent):
+            return True  # nothing below the parent, and no other sequence holds it to put anything there
         ident = (seq.namespace, parent, tuple(seq.token_ids[index * bs : (index + 1) * bs]))
         if ident in claimed or self.cache.has_child(*ident):
             return False

@@ -155,6 +155,10 @@ class RadixCache:
         node = self._roots.get(namespace) if parent_block is None else self._node_of_block.get(parent_block)
         return node is not None and key in node.children
 
+    def is_leaf(self, block_id: int) -> bool:
+        """Whether the cached ``block_id`` has no cached block below it."""
+        return not self._node_of_block[block_id].children
+
     def insert_held(self, inserts: Sequence[HeldInsert]) -> None:
         """``insert`` of one new block per entry, in order, each with its own clock tick, for blocks
         a running sequence holds (a decode run's filled blocks, ``block_manager.cache_in_order``).
