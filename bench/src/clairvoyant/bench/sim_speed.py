@@ -9,8 +9,8 @@ A closed loop keeps ``concurrency`` workflows in flight from t=0; after ``--warm
 denominator (the loop stays full: twice the concurrency in programs, and coding_assistant workflows
 take minutes).  The timed stretch is the event loop (``Simulator.advance``); assembling the
 records afterwards is a pass over every call since t=0 (warm-up included), done once per run, and
-is reported apart ("records s").  Per generated token and per engine step costs say whether the time goes into
-per-row or per-step work.  ``--profile`` runs the largest concurrency again under cProfile and
+is reported apart ("records s").  Per generated token and per engine step costs say whether the
+time goes into per-row or per-step work.  ``--profile`` runs the largest concurrency again under cProfile and
 breaks its time down by part (engine, sampling, detokenizer, emulated runner, global scheduler,
 simulator).
 """
@@ -30,28 +30,24 @@ from clairvoyant.bench.sim.simulator import Simulator
 from clairvoyant.bench.workloads import get_workload, list_workloads
 
 # (part, file suffix, function): cumulative times of these, from the profile.  Nested parts
-# (the sampler inside engine.step) are shown indented and are included in their parent.
+# are shown indented and are included in their parent; the RadixCache parts sum every caller.
 PROFILE_PARTS: tuple[tuple[str, str, str], ...] = (
     ("simulator event loop (everything)", "bench/sim/events.py", "run"),
-    ("  LLMEngine.step", "worker/core/engine.py", "step"),
+    ("  LLMEngine.step (admissions, prefill chunks, decode rows)", "worker/core/engine.py", "step"),
     ("    Scheduler.schedule (batch formation, KV blocks)", "worker/core/scheduler.py", "schedule"),
-    ("      KvCacheManager.allocate (per row)", "worker/core/block_manager.py", "allocate"),
-    ("        RadixCache.evict (scans every cached block)", "worker/core/radix_cache.py", "evict"),
-    ("    EmulatedRunner.forward (cost model + logits)", "worker/runners/emulated.py", "forward"),
-    ("      CostModel.step_cost", "worker/costmodel/roofline.py", "step_cost"),
-    ("    sample (argmax over the batch)", "worker/core/sampling.py", "sample"),
-    ("    _append_token (per row: stop checks, output)", "worker/core/engine.py", "_append_token"),
-    ("      IncrementalDetokenizer.append (per row)", "worker/core/detokenize.py", "append"),
-    ("      IncrementalDetokenizer.take (per row)", "worker/core/detokenize.py", "take"),
-    (
-        "    KvCacheManager.cache_computed_blocks (per row)",
-        "worker/core/block_manager.py",
-        "cache_computed_blocks",
-    ),
+    ("      BlockManager.allocate (prompt blocks)", "worker/core/block_manager.py", "allocate"),
+    ("    EmulatedRunner.forward_tokens (cost model, tokens)", "worker/runners/emulated.py", "forward_tokens"),
+    ("    BlockManager.cache_computed_blocks (prefill blocks)", "worker/core/block_manager.py", "cache_computed_blocks"),
+    ("  LLMEngine.plan_decode_run", "worker/core/engine.py", "plan_decode_run"),
+    ("  LLMEngine.advance_decode (decode runs)", "worker/core/engine.py", "advance_decode"),
+    ("    replay_block_events (a run's KV blocks)", "worker/core/decode_run.py", "replay_block_events"),
+    ("  RadixCache.evict (every caller)", "worker/core/radix_cache.py", "evict"),
+    ("  RadixCache.insert + insert_held (every caller)", "worker/core/radix_cache.py", "insert"),
+    ("  RadixCache.release (finished sequences)", "worker/core/radix_cache.py", "release"),
     ("  Simulator._step_done (outputs, heartbeat, dispatch)", "bench/sim/simulator.py", "_step_done"),
     ("    GlobalScheduler.update_worker", "scheduler/core/global_queue.py", "update_worker"),
     ("    GlobalScheduler.dispatch", "scheduler/core/global_queue.py", "dispatch"),
-    ("    _Replica.report (engine stats)", "bench/sim/simulator.py", "report"),
+    ("  Simulator._add_request (prompt assembly, admission checks)", "bench/sim/simulator.py", "_add_request"),
 )
 
 
@@ -90,7 +86,7 @@ class SimSpeed:
             parts, top = self._profiled(args, max(levels), horizon)
             total = parts[PROFILE_PARTS[0][0]] or 1e-9
             lines = [
-                f"{label:<58} {seconds:8.2f} s {seconds / total:6.1%}" for label, seconds in parts.items()
+                f"{label:<64} {seconds:8.2f} s {seconds / total:6.1%}" for label, seconds in parts.items()
             ]
             notes.append(
                 f"cProfile at concurrency {max(levels)}, cumulative time by part:\n" + "\n".join(lines)
@@ -161,10 +157,11 @@ class SimSpeed:
         stats = pstats.Stats(profiler)
         parts: dict[str, float] = {}
         for label, suffix, function in PROFILE_PARTS:
+            names = (function, "insert_held") if function == "insert" else (function,)
             parts[label] = sum(
                 row[3]
                 for (path, _, name), row in stats.stats.items()  # type: ignore[attr-defined]
-                if name == function and path.replace("\\", "/").endswith(suffix)
+                if name in names and path.replace("\\", "/").endswith(suffix)
             )
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)

@@ -89,19 +89,25 @@ class Allocations(NamedTuple):
         return rounds * self.block_size + self.phases[index]
 
 
-def decodable(seq: Sequence) -> bool:
-    """Whether a running sequence's next steps are plain decodes whose text needs no stop check."""
-    return seq.status is SequenceStatus.RUNNING and seq.num_uncomputed_tokens == 1 and not seq.params.stop
+def decode_horizon(seqs: Seq[Sequence], max_steps: int) -> int:
+    """Steps until the first of ``seqs`` gets its last token (on the last of them), at most
+    ``max_steps``; 0 unless every one is running a plain decode (one uncomputed token) whose text
+    needs no stop check.  One pass: it runs before every engine step."""
+    horizon = max_steps
+    running = SequenceStatus.RUNNING
+    for seq in seqs:
+        tokens = len(seq.token_ids)
+        if seq.status is not running or tokens - seq.num_computed_tokens != 1 or seq.params.stop:
+            return 0
+        remaining = seq.params.max_tokens - (tokens - seq.prompt_len)
+        if remaining < horizon:
+            horizon = remaining
+    return horizon
 
 
-def steps_to_first_finish(seqs: Seq[Sequence]) -> int:
-    """Steps until the first sequence gets its last token (on the last of them)."""
-    return min(seq.params.max_tokens - seq.num_output_tokens for seq in seqs)
-
-
-def finishes_after(seq: Sequence, num_steps: int) -> bool:
-    """Whether ``num_steps`` decode steps bring ``seq`` (before them) to its length limit."""
-    return seq.num_output_tokens + num_steps >= seq.params.max_tokens
+def reached_limit(seq: Sequence) -> bool:
+    """Whether ``seq`` has its ``max_tokens``."""
+    return len(seq.token_ids) - seq.prompt_len >= seq.params.max_tokens
 
 
 def replay_block_events(

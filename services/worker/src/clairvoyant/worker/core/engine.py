@@ -16,10 +16,9 @@ from clairvoyant.worker.core.block_manager import BlockManager
 from clairvoyant.worker.core.decode_run import (
     Allocations,
     DecodeRun,
-    decodable,
-    finishes_after,
+    decode_horizon,
+    reached_limit,
     replay_block_events,
-    steps_to_first_finish,
 )
 from clairvoyant.worker.core.detokenize import IncrementalDetokenizer, NoText
 from clairvoyant.worker.core.sampling import SamplingParams, make_generator, sample
@@ -205,10 +204,9 @@ class LLMEngine:
             or self._aborted
             or len(running) > sched.max_num_batched_tokens
             or not self._fast_forward
-            or not all(decodable(seq) for seq in running)
         ):
             return None
-        horizon = min(max_steps, steps_to_first_finish(running))
+        horizon = decode_horizon(running, max_steps)
         if horizon < 2:
             return None
         now = self.clock()
@@ -248,7 +246,7 @@ class LLMEngine:
             tokens = runner.decode_tokens(seq.seq_id, computed, num_steps)
             seq.token_ids += tokens
             new_tokens.append(tokens)
-            finished.append(finishes_after(seq, 0))  # its tokens are appended already
+            finished.append(reached_limit(seq))
         replay_block_events(run, num_steps, self.kv, finished, self._finish_by_length)
         runner.account_steps(run.step_seconds[:num_steps])
         self._generated_tokens_total += num_steps * len(run.seqs)
@@ -297,17 +295,11 @@ class LLMEngine:
         return self._output(seq, [token_id], text, reason is not None)
 
     def _output(self, seq: Sequence, new_token_ids: list[int], text: str, finished: bool) -> RequestOutput:
+        # Positional (in field order): one of these per row per step.
         return RequestOutput(
-            request_id=seq.request_id,
-            new_token_ids=new_token_ids,
-            new_text=text,
-            finished=finished,
-            finish_reason=seq.finish_reason,
-            prompt_tokens=seq.prompt_len,
-            cached_tokens=seq.cached_tokens or 0,
-            completion_tokens=seq.num_output_tokens,
-            first_token_time=seq.first_token_time,
-        )
+            seq.request_id, new_token_ids, text, finished, seq.finish_reason, seq.prompt_len,
+            seq.cached_tokens or 0, len(seq.token_ids) - seq.prompt_len, seq.first_token_time,
+        )  # fmt: skip
 
     def _derive_seed(self, req: EngineRequest) -> int:
         digest = hashlib.blake2b(f"{self.config.seed}:{req.request_id}".encode(), digest_size=8).digest()
