@@ -39,8 +39,11 @@ class PromptBook:
             elif segment.kind == "call":
                 source = self._prompts if segment.part == "prompt" else self._responses
                 reused = source.get(segment.call_id, [])[: segment.tokens]
-                # A response cut short (e.g. a preempted run) is topped up with fresh tokens.
-                ids += reused + _stream(f"{call.call_id}/pad{len(ids)}", self.seed, segment.tokens - len(reused))
+                pad = segment.tokens - len(reused)
+                key = f"{call.call_id}/pad{len(ids)}"  # where the segment starts, as before ``reused``
+                ids += reused
+                if pad > 0:  # a response cut short (e.g. a preempted run) is topped up with fresh tokens
+                    ids += _stream(key, self.seed, pad)
             else:
                 ids += _stream(f"{call.call_id}/new{len(ids)}", self.seed, segment.tokens)
         self._prompts[call.call_id] = ids
