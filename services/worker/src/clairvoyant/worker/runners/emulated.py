@@ -184,8 +184,10 @@ class EmulatedRunner:
             return [PLACEHOLDER_TOKEN] * num_steps
         # Row(p) = (131 s + 7 p) mod 94 steps by 7 per position: a slice of the cycle, from its phase.
         start = _CYCLE_INDEX[_distinct_row(seq_id, first_position + 1)]
-        cycle = _TOKEN_CYCLE * (1 + (start + num_steps) // DISTINCT_COUNT)
-        return cycle[start : start + num_steps]
+        end = start + num_steps
+        if end <= DISTINCT_COUNT:
+            return _TOKEN_CYCLE[start:end]
+        return (_TOKEN_CYCLE * (1 + end // DISTINCT_COUNT))[start:end]
 
     def decode_run_seconds(self, cached_tokens: Sequence[int], num_steps: int) -> Sequence[float]:
         return self.cost.decode_run_seconds(cached_tokens, num_steps).tolist()
