@@ -70,5 +70,5 @@ def test_a_killed_worker_is_removed_and_requests_keep_completing(stack: Stack) -
             break
         time.sleep(0.2)
     assert workers == ["worker-1"]
-    done = [r for r in asyncio.run(records(stack, 6)) if r.app_metadata.workflow_id == "wf-after-kill"]
+    done = asyncio.run(records(stack, 6, workflow_id="wf-after-kill"))
     assert len(done) == 6 and {r.worker_id for r in done} == {"worker-1"}

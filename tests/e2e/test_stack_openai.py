@@ -24,24 +24,30 @@ def client(stack: Stack) -> OpenAI:
     return OpenAI(base_url=f"{stack.gateway_url}/v1", api_key="none", max_retries=0)
 
 
-async def records(stack: Stack, expect: int, timeout: float = 10.0) -> list[common_pb2.CompletionRecord]:
-    """Every completion record on the JetStream stream (waits until at least ``expect`` exist)."""
+async def records(
+    stack: Stack, expect: int, timeout: float = 10.0, workflow_id: str | None = None
+) -> list[common_pb2.CompletionRecord]:
+    """The completion records on the JetStream stream (only ``workflow_id``'s, when given), once at
+    least ``expect`` of them exist or ``timeout`` passes.  The gateway publishes a record after its
+    reply, so a test that counts one workflow's records waits for that workflow's, not for the
+    stream's total (which earlier tests' records may already reach)."""
     nc = await nats.connect(stack.nats_url)
     try:
         js = nc.jetstream()
         deadline = time.monotonic() + timeout
         while True:
             info = await js.stream_info(COMPLETIONS_STREAM)
-            if info.state.messages >= expect or time.monotonic() > deadline:
-                break
+            sub = await js.subscribe(COMPLETIONS_SUBJECT, ordered_consumer=True)
+            out = []
+            for _ in range(info.state.messages):
+                msg = await sub.next_msg(timeout=5)
+                out.append(common_pb2.CompletionRecord.FromString(msg.data))
+            await sub.unsubscribe()
+            if workflow_id is not None:
+                out = [r for r in out if r.app_metadata.workflow_id == workflow_id]
+            if len(out) >= expect or time.monotonic() > deadline:
+                return out
             await asyncio.sleep(0.1)
-        sub = await js.subscribe(COMPLETIONS_SUBJECT, ordered_consumer=True)
-        out = []
-        for _ in range(info.state.messages):
-            msg = await sub.next_msg(timeout=5)
-            out.append(common_pb2.CompletionRecord.FromString(msg.data))
-        await sub.unsubscribe()
-        return out
     finally:
         await nc.close()
 
@@ -68,7 +74,7 @@ def test_chat_non_streaming_and_record(stack: Stack) -> None:
     assert reply.usage.completion_tokens == 12
     assert reply.usage.prompt_tokens > 0
     assert reply.choices[0].message.role == "assistant"
-    found = [r for r in asyncio.run(records(stack, 1)) if r.app_metadata.workflow_id == "wf-nonstream"]
+    found = asyncio.run(records(stack, 1, workflow_id="wf-nonstream"))
     assert len(found) == 1
     record = found[0]
     assert record.tenant == "default"
@@ -119,7 +125,7 @@ def test_32_concurrent_requests_complete_on_both_workers(stack: Stack) -> None:
         return [r.usage.completion_tokens for r in replies]
 
     assert asyncio.run(run()) == [8] * 32
-    burst = [r for r in asyncio.run(records(stack, 32)) if r.app_metadata.workflow_id == "wf-burst"]
+    burst = asyncio.run(records(stack, 32, workflow_id="wf-burst"))
     assert len(burst) == 32
     assert {r.worker_id for r in burst} == {"worker-1", "worker-2"}
 
@@ -147,11 +153,7 @@ def test_cancelled_stream_frees_worker_blocks(stack: Stack) -> None:
     assert sum(w["running"] for w in load) == 0
     # Only the prefix cache may still hold blocks; nothing belongs to a live sequence.
     assert [w["kv_blocks_used"] for w in load] == [w["kv_blocks_cached"] for w in load]
-    cancelled = [r for r in asyncio.run(records(stack, 1)) if r.app_metadata.workflow_id == "wf-cancel"]
-    deadline = time.monotonic() + 10
-    while not cancelled and time.monotonic() < deadline:
-        time.sleep(0.2)
-        cancelled = [r for r in asyncio.run(records(stack, 1)) if r.app_metadata.workflow_id == "wf-cancel"]
+    cancelled = asyncio.run(records(stack, 1, workflow_id="wf-cancel"))
     assert len(cancelled) == 1
     assert cancelled[0].status == common_pb2.REQUEST_STATUS_CANCELLED
     assert 0 < cancelled[0].output_tokens < 1500

@@ -4,19 +4,23 @@ When nothing but the steps themselves can change the batch for a while (nothing 
 running sequence is decoding, the KV pool has the blocks), the next ``k`` engine steps are fully
 determined up to and including the step where the first sequence reaches its length limit: each
 sequence gets one token per step, takes a block when it crosses a block boundary and hands a block
-to the prefix cache when one fills, and the sequences that reach the limit on the last step finish.  With a ``FastForwardRunner`` (tokens and step
-times known without computing them, i.e. the emulated runner) the engine takes those steps in one
-call, in O(blocks) work instead of O(tokens)::
+to the prefix cache when one fills, and the sequences that reach the limit on the last step
+finish.  With a ``FastForwardRunner`` (tokens and step times known without computing them, i.e.
+the emulated runner) the engine takes those steps in one call, in O(blocks) work instead of
+O(tokens)::
 
     plan = engine.plan_decode_run()           # None, or k steps and their predicted seconds
     ...                                       # requests added meanwhile just wait
     outputs = engine.advance_decode(plan, n)  # commit the first n <= k steps
 
 Afterwards the state (tokens, block tables and ids, prefix-cache contents and LRU clock, counters)
-is what ``n`` calls to ``step()`` leave; tests compare the two.  Block events are replayed in step
-order because both the free list and the cache's LRU tie-break depend on it::
+is what ``n`` calls to ``step()`` leave; tests compare the two (tests/worker/test_engine_decode_runs.py).
+Block events keep step order because both the free list and the cache's LRU tie-break depend on it::
 
     step s:  allocations (batch order) -> forward -> finishes (batch order) -> full blocks cached
+
+The steps before the last go in bulk, in that same order (one ``take``, one in-order insert: see
+``_replay_in_bulk``); the last step, where sequences finish, goes event by event.
 """
 
 from __future__ import annotations
@@ -134,8 +138,8 @@ def _replay_in_bulk(run: DecodeRun, num_steps: int, kv: BlockManager) -> bool:
     phases in ``[0, bs)``, round ``r`` of either kind is ``[r * bs, (r + 1) * bs)`` and within it
     the events go by (phase, batch index), the same order every round::
 
-        phases (bs = 4):  seq0 a=2   seq1 a=0   seq2 a=3
-        steps:            1 2 3 | 4 5 6 7 | 8 ...    allocation order: seq1 seq0 seq2 | seq1 seq0 ...
+        phases (bs = 4):  seq0 a=2, seq1 a=0, seq2 a=3
+        allocations:      step 0 seq1, 2 seq0, 3 seq2 | step 4 seq1, 6 seq0, 7 seq2 | ...
 
     Grouping is exact because the two kinds touch disjoint blocks: allocations evict only blocks no
     sequence holds, and the filled blocks are held by their running sequences.  It needs block
