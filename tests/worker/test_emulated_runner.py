@@ -196,3 +196,22 @@ def test_a_live_runner_absorbs_host_time_up_to_the_modelled_step_overhead() -> N
     before = clock.now
     plain.forward([item])
     assert clock.now - before == pytest.approx(step)  # the simulator's runner sleeps the whole step
+
+
+@pytest.mark.parametrize("distinct_tokens", [True, False])
+def test_forward_tokens_are_what_any_sampler_draws_from_forward(distinct_tokens: bool) -> None:
+    """The engine's fast path (``forward_tokens``) gives the tokens that sampling ``forward``'s
+    logits gives, greedy or at any temperature, and costs the step the same."""
+    from clairvoyant.worker.core.sampling import SampleRow, SamplingParams, make_generator, sample
+
+    fast, slow = (EmulatedRunner(sleep=lambda s: None, distinct_tokens=distinct_tokens) for _ in range(2))
+    for runner in (fast, slow):
+        runner.allocate_kv(64, 16)
+    items = [ForwardItem(seq_id, list(range(5 + seq_id)), 3 * seq_id, [seq_id], want_logits=seq_id % 3 != 1)
+             for seq_id in range(9)]  # fmt: skip
+    rows = [SampleRow(SamplingParams(temperature=0.0 if i % 2 else 0.9, top_p=0.5 if i % 4 == 0 else 1.0),
+                      make_generator(i), ()) for i, item in enumerate(items) if item.want_logits]  # fmt: skip
+    tokens = fast.forward_tokens(items)
+    assert tokens == sample(slow.forward(items), rows)
+    assert len(tokens) == 6 and (len(set(tokens)) > 1) == distinct_tokens
+    assert (fast.steps, fast.busy_seconds) == (slow.steps, slow.busy_seconds) == (1, slow.last_step_seconds)

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from clairvoyant.worker.core.decode_run import Allocations
 from clairvoyant.worker.core.engine import EngineConfig, EngineRequest, Lineage, LLMEngine
 from clairvoyant.worker.core.sampling import SamplingParams
 from clairvoyant.worker.runners.emulated import EmulatedRunner
@@ -85,3 +86,18 @@ def test_decode_runs_leave_the_same_state_as_steps(seed: int, distinct_tokens: b
         ran.check_integrity()
     assert runs > 10 and count > 20  # the loop did take decode runs, on a pool under pressure
     assert stepped.stats().generated_tokens_total == sum(len(t) for t in tokens.values())
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_allocations_count_and_place_a_batch_blocks_as_enumerated(seed: int) -> None:
+    """``Allocations.before`` / ``step_of`` (the plan's O(log n) view) against listing every
+    allocation step of every sequence."""
+    rng = random.Random(seed)
+    block_size, batch = rng.choice([1, 4, 16]), rng.randrange(1, 12)
+    phases = [rng.randrange(block_size) for _ in range(batch)]
+    allocations = Allocations(tuple(sorted(phases)), block_size)
+    listed = sorted(p + r * block_size for p in phases for r in range(40))[: batch * 30]
+    for step in range(30 * block_size):
+        assert allocations.before(step) == sum(1 for s in listed if s < step)
+    for k, step in enumerate(listed):
+        assert allocations.step_of(k) == step
