@@ -196,7 +196,7 @@ class LLMEngine:
         """The next steps, if they are at least two plain decode steps of the running batch that
         nothing but a new or aborted request could change, up to the first step that finishes a
         sequence; None otherwise.  Changes nothing."""
-        runner, sched = self.runner, self.scheduler
+        sched = self.scheduler
         running = sched.running
         if (
             not running
@@ -222,7 +222,7 @@ class LLMEngine:
         return DecodeRun(
             seqs=seqs,
             start_computed=computed,
-            step_seconds=tuple(runner.decode_run_seconds(computed, num_steps)),
+            step_seconds=tuple(cast(FastForwardRunner, self.runner).decode_run_seconds(computed, num_steps)),
             allocations=allocations,
             kv_blocks_used_before=self.kv.num_used_blocks,
             kv_blocks_free_before=self.kv.num_blocks - self.kv.num_used_blocks,
