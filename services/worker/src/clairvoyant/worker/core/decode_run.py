@@ -124,14 +124,19 @@ def replay_block_events(
     left at its value after the last step.  The steps before the last one (where nothing
     finishes) go in bulk when they can (``_replay_in_bulk``), the last one event by event.
     """
-    bulk = num_steps - 1 if num_steps > 1 and _replay_in_bulk(run, num_steps - 1, kv) else 0
-    _replay_in_order(run, bulk, num_steps, kv, finished, finish)
+    phases = _replay_in_bulk(run, num_steps - 1, kv) if num_steps > 1 else None
+    if phases is None:
+        events = _events(run, num_steps, kv, finished)
+    else:
+        events = _last_step_events(*phases, num_steps - 1, kv, finished)
+    _apply_in_order(run, events, num_steps, kv, finish)
 
 
-def _replay_in_bulk(run: DecodeRun, num_steps: int, kv: BlockManager) -> bool:
+def _replay_in_bulk(run: DecodeRun, num_steps: int, kv: BlockManager) -> tuple[list[int], list[int]] | None:
     """The block events of the run's first ``num_steps`` steps (none finishes a sequence) as one
     ``take`` for all allocations and one ``cache_in_order`` for all filled blocks, each in step
-    order; False, changing nothing, where that could differ from event by event.
+    order; returns every sequence's (allocation, fill) phases.  None, changing nothing, where that
+    could differ from event by event.
 
     Step ``s`` computes position ``c + s`` (``c`` = computed tokens before the run).  A sequence
     allocates at steps ``a, a + bs, ...`` and fills a block at steps ``f, f + bs, ...``; with both
@@ -151,16 +156,16 @@ def _replay_in_bulk(run: DecodeRun, num_steps: int, kv: BlockManager) -> bool:
     seqs, computed = run.seqs, run.start_computed
     allocation_phase = [len(seq.block_table) * bs - c for seq, c in zip(seqs, computed, strict=True)]
     if not all(0 <= a < bs for a in allocation_phase):
-        return False
+        return None
     fill_phase = [bs - 1 - c % bs for c in computed]
     if kv.cache is not None and not _fills_new_content(seqs, computed, fill_phase, num_steps, kv):
-        return False
+        return None
     allocations = _rounds(allocation_phase, num_steps, bs)
     for (index, _), block in zip(allocations, kv.take(len(allocations)), strict=True):
         seqs[index].block_table.append(block)
     if kv.cache is not None:
         kv.cache_in_order((seqs[index], computed[index] // bs + r) for index, r in _rounds(fill_phase, num_steps, bs))
-    return True
+    return allocation_phase, fill_phase
 
 
 def _fills_new_content(
@@ -194,21 +199,28 @@ def _rounds(phases: Seq[int], num_steps: int, block_size: int) -> list[tuple[int
     return events
 
 
-def _replay_in_order(
-    run: DecodeRun,
-    first_step: int,
-    num_steps: int,
-    kv: BlockManager,
-    finished: Seq[bool],
-    finish: Callable[[Sequence], None],
-) -> None:
-    """The block events of steps ``[first_step, num_steps)``, one by one (the earlier steps' are done)."""
+def _last_step_events(
+    allocation_phase: Seq[int], fill_phase: Seq[int], step: int, kv: BlockManager, finished: Seq[bool]
+) -> list[tuple[int, int, int]]:
+    """The block events of the run's last step ``step`` (the earlier ones went in bulk), in order:
+    with phases in ``[0, bs)``, a sequence allocates (fills) a block at ``step`` when its phase is
+    ``step % bs``."""
+    offset = step % kv.block_size
+    events = [(step, ALLOCATE, index) for index, phase in enumerate(allocation_phase) if phase == offset]
+    events += [(step, FINISH, index) for index, done in enumerate(finished) if done]
+    if kv.cache is not None:
+        events += [(step, CACHE, index) for index, phase in enumerate(fill_phase) if phase == offset]
+    return events  # already sorted: one step, kinds in order, batch indexes ascending in each
+
+
+def _events(run: DecodeRun, num_steps: int, kv: BlockManager, finished: Seq[bool]) -> list[tuple[int, int, int]]:
+    """The block events of the run's first ``num_steps`` steps, sorted: (step, kind, batch index)."""
     bs, caching = kv.block_size, kv.cache is not None
-    events: list[tuple[int, int, int]] = []  # (step, kind, batch index)
+    events: list[tuple[int, int, int]] = []
     for index, (seq, computed) in enumerate(zip(run.seqs, run.start_computed, strict=True)):
         if finished[index]:
             events.append((num_steps - 1, FINISH, index))
-        step = max(first_step, len(seq.block_table) * bs - computed)  # the table covers earlier steps
+        step = max(0, len(seq.block_table) * bs - computed)
         while step < num_steps:
             events.append((step, ALLOCATE, index))
             step += bs
@@ -217,14 +229,23 @@ def _replay_in_order(
         # ``step()`` caches after every step: at each block boundary, and at step 0 too when blocks
         # computed before the run are not cached yet.
         step = bs - 1 - computed % bs  # the first block boundary
-        if first_step == 0 and (computed + 1) // bs > seq.num_cached_blocks and step > 0:
+        if (computed + 1) // bs > seq.num_cached_blocks and step > 0:
             events.append((0, CACHE, index))
-        if step < first_step:
-            step += -(-(first_step - step) // bs) * bs
         while step < num_steps:
             events.append((step, CACHE, index))
             step += bs
     events.sort()
+    return events
+
+
+def _apply_in_order(
+    run: DecodeRun,
+    events: Seq[tuple[int, int, int]],
+    num_steps: int,
+    kv: BlockManager,
+    finish: Callable[[Sequence], None],
+) -> None:
+    """Carry out ``events`` one by one, then leave every sequence at its computed tokens after the run."""
     for step, kind, index in events:
         seq, computed = run.seqs[index], run.start_computed[index]
         if kind == ALLOCATE:
@@ -237,6 +258,7 @@ def _replay_in_order(
         elif not seq.is_finished:
             seq.num_computed_tokens = computed + step + 1
             kv.cache_computed_blocks(seq)
+    finished = SequenceStatus.FINISHED
     for seq, computed in zip(run.seqs, run.start_computed, strict=True):
-        if not seq.is_finished:
+        if seq.status is not finished:
             seq.num_computed_tokens = computed + num_steps
