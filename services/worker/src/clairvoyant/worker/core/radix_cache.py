@@ -22,10 +22,12 @@ which keeps every cached path reachable from the root.
 Eviction order comes from a lazy min-heap of ``(last_access, block_id)`` entries, each packed into
 one int (``last_access << 32 | block_id``: no tuple per entry to allocate and collect): one is pushed
 whenever a leaf's access time changes, a node becomes a leaf, or the block manager reports it
-unreferenced (``note_unreferenced``); ``evict`` discards entries that no longer describe an
-evictable leaf.  An interior node's access pushes nothing: it can only become a leaf in ``evict``,
-which pushes it with its access time then.  Each evictable leaf therefore always has a current entry, and ``evict`` pops the
-same blocks a full scan would, in O(evicted log n) instead of O(cache size) per call.
+unreferenced (``note_unreferenced``, ``release``); ``evict`` discards entries that no longer
+describe an evictable leaf.  An interior node's access pushes nothing: it can only become a leaf in
+``evict``, which pushes it with its access time then.  A decode run's filled blocks
+(``insert_held``) are held by their sequence, so not evictable: they get an entry only when it lets
+go (``release``).  Each evictable leaf therefore always has a current entry, and ``evict`` pops the same blocks a full scan
+would, in O(evicted log n) instead of O(cache size) per call.
 """
 
 from __future__ import annotations
@@ -202,20 +204,13 @@ class RadixCache:
         self._drop_stale_entries()
         return released
 
-    def touch(self, block_ids: Sequence[int], *, held: bool = False) -> None:
-        """Mark cached blocks as just used (e.g. when the sequence holding them finishes).
-
-        ``held``: the caller holds every one of them and is about to let go (``note_unreferenced``
-        then gives each one that becomes evictable its entry), so no entry is pushed now."""
+    def touch(self, block_ids: Sequence[int]) -> None:
+        """Mark cached blocks as just used (a sequence that finishes uses ``release`` instead)."""
         self._clock += 1
-        clock, nodes, heap = self._clock, self._node_of_block, self._lru
-        for block_id in block_ids:  # ``_access``, inlined: a finished sequence touches thousands
-            node = nodes.get(block_id)
+        for block_id in block_ids:
+            node = self._node_of_block.get(block_id)
             if node is not None:
-                node.last_access = clock
-                if not held and not node.children:
-                    heapq.heappush(heap, clock << _ID_BITS | block_id)
-        self._drop_stale_entries()
+                self._access(node)
 
     def note_unreferenced(self, block_ids: Iterable[int]) -> int:
         """The block manager's word that only the cache may hold each of ``block_ids`` now: the
