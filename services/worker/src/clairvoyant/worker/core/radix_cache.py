@@ -15,9 +15,10 @@ crosses tenants.  Every node is tagged with the lineage of the request that firs
 whether its tokens came from a prompt or a response, so cache policies can target e.g. "blocks of
 agent X in workflow W".
 
-The cache holds one reference on each node's block; the block manager owns the reference counts and
-tells ``evict`` which blocks nobody else references.  Only leaves are evicted (LRU on a logical clock),
-which keeps every cached path reachable from the root.
+The cache holds one reference on each node's block; the block manager owns the reference counts.
+``evict`` reads them (a block whose count is 1 is held by the cache alone), and ``release`` drops a
+finishing sequence's references in the same pass that touches its path.  Only leaves are evicted
+(LRU on a logical clock), which keeps every cached path reachable from the root.
 
 Eviction order comes from a lazy min-heap of ``(last_access, block_id)`` entries, each packed into
 one int (``last_access << 32 | block_id``: no tuple per entry to allocate and collect): one is pushed
@@ -26,8 +27,8 @@ unreferenced (``note_unreferenced``, ``release``); ``evict`` discards entries th
 describe an evictable leaf.  An interior node's access pushes nothing: it can only become a leaf in
 ``evict``, which pushes it with its access time then.  A decode run's filled blocks
 (``insert_held``) are held by their sequence, so not evictable: they get an entry only when it lets
-go (``release``).  Each evictable leaf therefore always has a current entry, and ``evict`` pops the same blocks a full scan
-would, in O(evicted log n) instead of O(cache size) per call.
+go (``release``).  Each evictable leaf therefore always has a current entry, and ``evict`` pops
+the same blocks a full scan would, in O(evicted log n) instead of O(cache size) per call.
 """
 
 from __future__ import annotations
@@ -167,7 +168,7 @@ class RadixCache:
 
         Each block must be new content below its parent (``has_child`` is False, and no two entries
         share parent and key).  No heap entry is pushed: a held block is not evictable, and the
-        sequence's ``free`` touches it (pushing an entry) before it can be.
+        sequence's ``release`` pushes one when it lets go.
         """
         roots, nodes = self._roots, self._node_of_block
         clock = self._clock
