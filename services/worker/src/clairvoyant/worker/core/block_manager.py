@@ -8,6 +8,8 @@ owns alone; a block joins the cache only once full and computed.
 
 The scheduler talks to this class through ``match_prefix`` / ``allocate`` / ``free`` /
 ``cache_computed_blocks`` and never reads block internals; "doesn't fit" is a ``False`` return.
+Decode runs (core/decode_run.py) replay many steps' blocks at once through ``take`` and
+``cache_in_order``, which give the same blocks in the same order as those calls step by step.
 """
 
 from __future__ import annotations
