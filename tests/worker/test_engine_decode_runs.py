@@ -95,7 +95,7 @@ def test_allocations_count_and_place_a_batch_blocks_as_enumerated(seed: int) -> 
     rng = random.Random(seed)
     block_size, batch = rng.choice([1, 4, 16]), rng.randrange(1, 12)
     phases = [rng.randrange(block_size) for _ in range(batch)]
-    allocations = Allocations(tuple(sorted(phases)), block_size)
+    allocations = Allocations(tuple(phases), tuple(sorted(phases)), block_size)
     listed = sorted(p + r * block_size for p in phases for r in range(40))[: batch * 30]
     for step in range(30 * block_size):
         assert allocations.before(step) == sum(1 for s in listed if s < step)

@@ -10,9 +10,9 @@ denominator (the loop stays full: twice the concurrency in programs, and coding_
 take minutes).  The timed stretch is the event loop (``Simulator.advance``); assembling the
 records afterwards is a pass over every call since t=0 (warm-up included), done once per run, and
 is reported apart ("records s").  Per generated token and per engine step costs say whether the
-time goes into per-row or per-step work.  ``--profile`` runs the largest concurrency again under cProfile and
-breaks its time down by part (engine, sampling, detokenizer, emulated runner, global scheduler,
-simulator).
+time goes into per-row or per-step work.  ``--profile`` runs the largest concurrency again under
+cProfile and breaks its time down by part (engine steps, decode runs, the radix cache, the global
+scheduler, the simulator).
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ PROFILE_PARTS: tuple[tuple[str, str, str], ...] = (
     ("  LLMEngine.advance_decode (decode runs)", "worker/core/engine.py", "advance_decode"),
     ("    replay_block_events (a run's KV blocks)", "worker/core/decode_run.py", "replay_block_events"),
     ("  RadixCache.evict (every caller)", "worker/core/radix_cache.py", "evict"),
-    ("  RadixCache.insert + insert_held (every caller)", "worker/core/radix_cache.py", "insert"),
+    ("  RadixCache.insert (prefill blocks, every caller)", "worker/core/radix_cache.py", "insert"),
+    ("  RadixCache.insert_held (decode-run blocks)", "worker/core/radix_cache.py", "insert_held"),
     ("  RadixCache.release (finished sequences)", "worker/core/radix_cache.py", "release"),
     ("  Simulator._step_done (outputs, heartbeat, dispatch)", "bench/sim/simulator.py", "_step_done"),
     ("    GlobalScheduler.update_worker", "scheduler/core/global_queue.py", "update_worker"),
@@ -157,11 +158,10 @@ class SimSpeed:
         stats = pstats.Stats(profiler)
         parts: dict[str, float] = {}
         for label, suffix, function in PROFILE_PARTS:
-            names = (function, "insert_held") if function == "insert" else (function,)
             parts[label] = sum(
                 row[3]
                 for (path, _, name), row in stats.stats.items()  # type: ignore[attr-defined]
-                if name in names and path.replace("\\", "/").endswith(suffix)
+                if name == function and path.replace("\\", "/").endswith(suffix)
             )
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)

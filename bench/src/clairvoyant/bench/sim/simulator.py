@@ -110,24 +110,20 @@ class _Replica:
         self.worker_id = spec.worker_id
         self.runner = spec.runner
         self.model = spec.runner.info.name
-        self.address = f"sim://{spec.worker_id}"
         self.engine = LLMEngine(spec.runner, spec.config, clock=clock)
         self.busy = False
         self.run: _Run | None = None
         self.imports: list[KvPrefix] = []  # arrived during a run: cached once its step in flight commits
 
     def report(self, kv_blocks_used: int | None = None) -> WorkerReport:
-        """The heartbeat a live worker would send (its fields of ``engine.stats()``, read directly:
-        the scheduler hears from a replica after every step)."""
-        engine = self.engine
-        sched, config = engine.scheduler, engine.config
-        used = engine.kv.num_used_blocks if kv_blocks_used is None else kv_blocks_used
+        stats = self.engine.stats()
+        used = stats.kv_blocks_used if kv_blocks_used is None else kv_blocks_used
         return WorkerReport(
-            worker_id=self.worker_id, model=self.model, address=self.address,
-            max_batch=config.max_num_seqs, running=len(sched.running), queued=len(sched.waiting),
-            kv_blocks_used=used, kv_blocks_total=config.num_blocks,
-            max_model_len=self.runner.info.max_model_len, preemptions_total=sched.preemptions_total,
-            block_size=config.block_size,
+            worker_id=self.worker_id, model=self.model, address=f"sim://{self.worker_id}",
+            max_batch=stats.max_num_seqs, running=stats.running, queued=stats.waiting,
+            kv_blocks_used=used, kv_blocks_total=stats.kv_blocks_total,
+            max_model_len=self.runner.info.max_model_len, preemptions_total=stats.preemptions_total,
+            block_size=self.engine.config.block_size,
         )  # fmt: skip
 
 

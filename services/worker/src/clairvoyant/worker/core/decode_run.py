@@ -71,26 +71,28 @@ class Allocations(NamedTuple):
                                           at step:       0 2 3 | 4 6 7 | ...
     """
 
-    phases: tuple[int, ...]  # sorted
+    phases: tuple[int, ...]  # per sequence, in batch order
+    sorted_phases: tuple[int, ...]
     block_size: int
 
     @classmethod
     def of(cls, seqs: Seq[Sequence], block_size: int) -> Allocations | None:
         """None when a table does not end within one block of the computed tokens."""
-        phases = sorted(len(seq.block_table) * block_size - seq.num_computed_tokens for seq in seqs)
-        if not phases or phases[0] < 0 or phases[-1] >= block_size:
+        phases = tuple(len(seq.block_table) * block_size - seq.num_computed_tokens for seq in seqs)
+        ordered = tuple(sorted(phases))
+        if not ordered or ordered[0] < 0 or ordered[-1] >= block_size:
             return None
-        return cls(tuple(phases), block_size)
+        return cls(phases, ordered, block_size)
 
     def before(self, step: int) -> int:
         """Allocations at steps before ``step``."""
         rounds, offset = divmod(step, self.block_size)
-        return rounds * len(self.phases) + bisect.bisect_left(self.phases, offset)
+        return rounds * len(self.sorted_phases) + bisect.bisect_left(self.sorted_phases, offset)
 
     def step_of(self, k: int) -> int:
         """The step of allocation ``k`` (0-based)."""
-        rounds, index = divmod(k, len(self.phases))
-        return rounds * self.block_size + self.phases[index]
+        rounds, index = divmod(k, len(self.sorted_phases))
+        return rounds * self.block_size + self.sorted_phases[index]
 
 
 def decode_horizon(seqs: Seq[Sequence], max_steps: int) -> int:
@@ -107,11 +109,6 @@ def decode_horizon(seqs: Seq[Sequence], max_steps: int) -> int:
         if remaining < horizon:
             horizon = remaining
     return horizon
-
-
-def reached_limit(seq: Sequence) -> bool:
-    """Whether ``seq`` has its ``max_tokens``."""
-    return len(seq.token_ids) - seq.prompt_len >= seq.params.max_tokens
 
 
 def replay_block_events(
@@ -132,7 +129,7 @@ def replay_block_events(
     _apply_in_order(run, events, num_steps, kv, finish)
 
 
-def _replay_in_bulk(run: DecodeRun, num_steps: int, kv: BlockManager) -> tuple[list[int], list[int]] | None:
+def _replay_in_bulk(run: DecodeRun, num_steps: int, kv: BlockManager) -> tuple[Seq[int], list[int]] | None:
     """The block events of the run's first ``num_steps`` steps (none finishes a sequence) as one
     ``take`` for all allocations and one ``cache_in_order`` for all filled blocks, each in step
     order; returns every sequence's (allocation, fill) phases.  None, changing nothing, where that
@@ -150,13 +147,12 @@ def _replay_in_bulk(run: DecodeRun, num_steps: int, kv: BlockManager) -> tuple[l
     sequence holds, and the filled blocks are held by their running sequences.  It needs block
     tables exactly covering the computed tokens plus at most one block (``a < bs``), every block
     computed before the run cached already, and each filled block new content below its parent
-    (so no sequence switches to a block cached meanwhile).
+    (so no sequence switches to a block cached meanwhile).  The plan checked the first
+    (``Allocations.of``), whose phases these are.
     """
     bs = kv.block_size
     seqs, computed = run.seqs, run.start_computed
-    allocation_phase = [len(seq.block_table) * bs - c for seq, c in zip(seqs, computed, strict=True)]
-    if not all(0 <= a < bs for a in allocation_phase):
-        return None
+    allocation_phase = run.allocations.phases
     fill_phase = [bs - 1 - c % bs for c in computed]
     if kv.cache is not None and not _fills_new_content(seqs, computed, fill_phase, num_steps, kv):
         return None

@@ -17,7 +17,6 @@ from clairvoyant.worker.core.decode_run import (
     Allocations,
     DecodeRun,
     decode_horizon,
-    reached_limit,
     replay_block_events,
 )
 from clairvoyant.worker.core.detokenize import IncrementalDetokenizer, NoText
@@ -246,7 +245,7 @@ class LLMEngine:
             tokens = runner.decode_tokens(seq.seq_id, computed, num_steps)
             seq.token_ids += tokens
             new_tokens.append(tokens)
-            finished.append(reached_limit(seq))
+            finished.append(seq.num_output_tokens >= seq.params.max_tokens)
         replay_block_events(run, num_steps, self.kv, finished, self._finish_by_length)
         runner.account_steps(run.step_seconds[:num_steps])
         self._generated_tokens_total += num_steps * len(run.seqs)
@@ -298,7 +297,7 @@ class LLMEngine:
         # Positional (in field order): one of these per row per step.
         return RequestOutput(
             seq.request_id, new_token_ids, text, finished, seq.finish_reason, seq.prompt_len,
-            seq.cached_tokens or 0, len(seq.token_ids) - seq.prompt_len, seq.first_token_time,
+            seq.cached_tokens or 0, seq.num_output_tokens, seq.first_token_time,
         )  # fmt: skip
 
     def _derive_seed(self, req: EngineRequest) -> int:

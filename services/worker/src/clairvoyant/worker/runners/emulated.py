@@ -108,8 +108,9 @@ class EmulatedRunner:
         # One logits row per token the runner can emit (-inf but for that token), built once:
         # a step gathers its rows with one index_select instead of writing each row.
         emitted = range(DISTINCT_FIRST, DISTINCT_FIRST + DISTINCT_COUNT) if distinct_tokens else [PLACEHOLDER_TOKEN]
+        self._emitted = list(emitted)  # the token of each row
         self._rows = torch.full((len(emitted), tokenizer.vocab_size), float("-inf"))
-        self._rows[range(len(emitted)), list(emitted)] = 0.0
+        self._rows[range(len(emitted)), self._emitted] = 0.0
         self.num_blocks = 0
         self.block_size = 0
         self.steps = 0
@@ -133,22 +134,18 @@ class EmulatedRunner:
     def forward(self, items: Sequence[ForwardItem]) -> torch.Tensor:
         self._take_step(items)
         # Greedy or sampled, at any temperature, each row can only give its one token.
-        if not self.distinct_tokens:
-            wanted = sum(1 for item in items if item.want_logits)
-            return self._rows.expand(wanted, -1).clone()  # the placeholder on every row
-        rows = [_distinct_row(item.seq_id, item.start_pos + len(item.token_ids)) for item in items if item.want_logits]
-        return self._rows.index_select(0, torch.tensor(rows, dtype=torch.long))
+        return self._rows.index_select(0, torch.tensor(self._emitted_rows(items), dtype=torch.long))
 
     def forward_tokens(self, items: Sequence[ForwardItem]) -> list[int]:
         """FastForwardRunner: the tokens ``forward``'s logits leave to any sampler."""
         self._take_step(items)
+        return [self._emitted[row] for row in self._emitted_rows(items)]
+
+    def _emitted_rows(self, items: Sequence[ForwardItem]) -> list[int]:
+        """Per item that wants logits, the row of ``_rows`` (and index in ``_emitted``) of its token."""
         if not self.distinct_tokens:
-            return [PLACEHOLDER_TOKEN for item in items if item.want_logits]
-        return [
-            DISTINCT_FIRST + _distinct_row(item.seq_id, item.start_pos + len(item.token_ids))
-            for item in items
-            if item.want_logits
-        ]
+            return [0 for item in items if item.want_logits]  # the placeholder
+        return [_distinct_row(item.seq_id, item.start_pos + len(item.token_ids)) for item in items if item.want_logits]
 
     def _take_step(self, items: Sequence[ForwardItem]) -> None:
         """What a step costs: its predicted time is accounted and waited out."""
@@ -184,10 +181,8 @@ class EmulatedRunner:
             return [PLACEHOLDER_TOKEN] * num_steps
         # Row(p) = (131 s + 7 p) mod 94 steps by 7 per position: a slice of the cycle, from its phase.
         start = _CYCLE_INDEX[_distinct_row(seq_id, first_position + 1)]
-        end = start + num_steps
-        if end <= DISTINCT_COUNT:
-            return _TOKEN_CYCLE[start:end]
-        return (_TOKEN_CYCLE * (1 + end // DISTINCT_COUNT))[start:end]
+        cycle = _TOKEN_CYCLE * (1 + (start + num_steps) // DISTINCT_COUNT)
+        return cycle[start : start + num_steps]
 
     def decode_run_seconds(self, cached_tokens: Sequence[int], num_steps: int) -> Sequence[float]:
         return self.cost.decode_run_seconds(cached_tokens, num_steps).tolist()
