@@ -21,11 +21,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from clairvoyant.bench.common import progress
+from clairvoyant.bench.common import RunBars, progress
 from clairvoyant.bench.experiment import ANNOTATORS, ExperimentConfig, compare
 from clairvoyant.bench.live import validate  # noqa: F401  (registers the sim-vs-live benchmark)
 from clairvoyant.bench.live.cluster import LiveModeError
 from clairvoyant.bench.live.run import DEFAULT_BASE_URL, DEFAULT_SCHEDULER, LiveOptions
+from clairvoyant.bench.parallel import default_jobs
 from clairvoyant.bench.workloads import list_workloads
 from clairvoyant.scheduler.core import PRESETS
 
@@ -57,6 +58,9 @@ def add_parsers(commands: Any) -> None:
             sub.add_argument("--policy", required=True, choices=PRESETS.names())
         else:
             sub.add_argument("--policies", required=True, help="comma-separated: " + ",".join(PRESETS.names()))
+            sub.add_argument("--jobs", type=int, default=None,
+                             help="sim: policies simulated at once, one process each (default: one per CPU); "
+                                  "results do not depend on it")  # fmt: skip
         sub.add_argument("--mode", choices=["sim", "live"], default="sim",
                          help="sim: the simulator; live: the stack behind --base-url (one policy: the one it runs)")
         sub.add_argument("--gpus", type=int, default=8)
@@ -193,13 +197,23 @@ def run_command(args: argparse.Namespace) -> int:
         raise SystemExit("error: --annotations applies to --mode sim; a live stack has its own profiler")
     if args.mode == "live" and args.block_size != 16:
         raise SystemExit("error: --block-size applies to --mode sim; live workers use their own setting")
+    jobs = getattr(args, "jobs", None)
+    if jobs is not None and jobs < 1:
+        raise SystemExit(f"error: --jobs must be at least 1, got {jobs}")
+    if args.mode == "live" and jobs is not None:
+        raise SystemExit("error: --jobs applies to --mode sim; a live stack serves one policy")
     progress(f"{args.command}: {args.workload}, {len(policies)} policies, {args.workflows} workflows, {args.gpus} GPUs")
     live = LiveOptions(
         base_url=args.base_url, api_key=args.api_key, time_scale=args.time_scale,
         scheduler=None if args.scheduler.lower() == "none" else args.scheduler,
     )  # fmt: skip
     try:
-        result = compare(config, policies, args.mode, live)
+        if args.mode == "sim":
+            with RunBars([f"{args.workload} {policy}" for policy in policies]) as bars:
+                jobs = jobs or default_jobs(len(policies))
+                result = compare(config, policies, jobs=jobs, on_progress=bars.update)
+        else:
+            result = compare(config, policies, args.mode, live)
     except LiveModeError as exc:
         raise SystemExit(f"error: {exc}") from None
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -56,6 +56,39 @@ def progress(message: str) -> None:
     print(f"[{time.monotonic() - _START:7.1f}s] {message}", file=sys.stderr, flush=True)
 
 
+class RunBars:
+    """Rich progress bars on stderr, one per simulated run: workflows ended of the run's total,
+    and its virtual clock.  Use as a context manager; ``update`` is a ``parallel.ProgressCallback``."""
+
+    def __init__(self, labels: Sequence[str]) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._bars = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("workflows"),
+            TextColumn("{task.fields[virtual]:>9} virtual"), TimeElapsedColumn(), console=Console(stderr=True),
+        )  # fmt: skip
+        self._tasks = [self._bars.add_task(label, total=None, virtual="0 s", start=False) for label in labels]
+
+    def __enter__(self) -> RunBars:
+        self._bars.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._bars.__exit__(*exc)  # type: ignore[arg-type]
+
+    def update(self, index: int, where: Any) -> None:
+        """``where``: a ``SimProgress`` of run ``index``."""
+        task = self._tasks[index]
+        self._bars.start_task(task)
+        self._bars.update(
+            task, completed=where.workflows_done, total=where.workflows_total, virtual=f"{where.virtual_s:,.0f} s"
+        )
+
+    def print(self, message: str) -> None:
+        self._bars.console.print(message, soft_wrap=True)
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """The ``q``-th percentile (0-100) with linear interpolation, as numpy's default."""
     if not values:

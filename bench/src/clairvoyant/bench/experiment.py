@@ -28,9 +28,10 @@ import numpy as np
 
 from clairvoyant.bench.arrivals import ClosedLoop, Poisson
 from clairvoyant.bench.metrics import jct_list, queue_depth_series, summarize
+from clairvoyant.bench.parallel import ProgressCallback, SimTask, run_tasks
 from clairvoyant.bench.sim.annotations import Annotator, OracleAnnotator, ProfilerAnnotator, warm_up
 from clairvoyant.bench.sim.lower_bound import RooflineServiceTime, ServiceTime
-from clairvoyant.bench.sim.simulator import ReplicaSpec, Simulator
+from clairvoyant.bench.sim.simulator import ReplicaSpec, SimProgress, Simulator
 from clairvoyant.bench.workloads import Workload, get_workload
 from clairvoyant.bench.workloads.program import WorkflowProgram
 from clairvoyant.worker.core.engine import EngineConfig
@@ -141,9 +142,15 @@ def make_annotator(config: ExperimentConfig) -> Annotator | None:
     return ANNOTATORS[config.annotations](workload, config, build_cluster(workload, config)[1])
 
 
-def run_sim(config: ExperimentConfig, policy: str, annotator: Annotator | None = None) -> dict[str, Any]:
+def run_sim(
+    config: ExperimentConfig,
+    policy: str,
+    annotator: Annotator | None = None,
+    progress: Callable[[SimProgress], None] | None = None,
+) -> dict[str, Any]:
     """One preset on the config's instance.  ``annotator``: a prepared one (``make_annotator``),
-    copied so the caller's stays untouched for the next preset; None: prepare one here."""
+    copied so the caller's stays untouched for the next preset; None: prepare one here.
+    ``progress``: called as the run goes (``Simulator.run``)."""
     workload = get_workload(config.workload)
     if config.annotations not in ANNOTATORS:
         raise ValueError(f"unknown annotations {config.annotations!r}; choose from {sorted(ANNOTATORS)}")
@@ -155,7 +162,7 @@ def run_sim(config: ExperimentConfig, policy: str, annotator: Annotator | None =
         annotator = copy.deepcopy(annotator)
     started = time.perf_counter()
     simulator = Simulator(replicas, policy, seed=config.seed, service_times=service, annotator=annotator)
-    records = simulator.run(arrivals, backlog=backlog)
+    records = simulator.run(arrivals, backlog=backlog, progress=progress)
     result = summarize(records)
     result["virtual_seconds"] = records.duration_s
     result["wall_seconds"] = time.perf_counter() - started
@@ -167,10 +174,18 @@ def run_sim(config: ExperimentConfig, policy: str, annotator: Annotator | None =
 
 
 def compare(
-    config: ExperimentConfig, policies: list[str], mode: str = "sim", live: LiveOptions | None = None
+    config: ExperimentConfig,
+    policies: list[str],
+    mode: str = "sim",
+    live: LiveOptions | None = None,
+    *,
+    jobs: int = 1,
+    on_progress: ProgressCallback | None = None,
 ) -> dict[str, Any]:
-    """``mode`` "sim": every policy in the simulator; "live": the running stack, whose scheduler
-    runs exactly one policy (``live.run``; raises ``live.cluster.LiveModeError``)."""
+    """``mode`` "sim": every policy in the simulator, ``jobs`` runs at a time (parallel.py; the
+    results do not depend on it), ``on_progress`` called with (index in ``policies``, where that
+    run stands); "live": the running stack, whose scheduler runs exactly one policy
+    (``live.run``; raises ``live.cluster.LiveModeError``)."""
     if mode not in ("sim", "live"):
         raise ValueError(f"unknown mode {mode!r}; choose sim or live")
     started = time.perf_counter()
@@ -180,12 +195,18 @@ def compare(
         results = run_live(config, policies, live or LiveOptions())
     else:
         prepared = make_annotator(config)
-        results = {policy: run_sim(config, policy, prepared) for policy in policies}
+        tasks = [SimTask(config, policy, prepared) for policy in policies]
+        results = dict(zip(policies, run_tasks(tasks, jobs, on_progress), strict=True))
+    return compare_result(config, mode, results, time.perf_counter() - started)
+
+
+def compare_result(config: ExperimentConfig, mode: str, results: dict[str, Any], wall_seconds: float) -> dict[str, Any]:
+    """A compare results file: the instance's identity and every policy's metrics."""
     return {
         "workload": config.workload,
         "mode": mode,
         "seed": config.seed,
-        "wall_seconds": time.perf_counter() - started,
+        "wall_seconds": wall_seconds,
         "config": {k: v for k, v in vars(config).items()},
         "policies": results,
     }

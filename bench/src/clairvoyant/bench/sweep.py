@@ -21,11 +21,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-from clairvoyant.bench.common import progress, rounded
-from clairvoyant.bench.experiment import ExperimentConfig, compare
+from clairvoyant.bench.common import RunBars, progress, rounded
+from clairvoyant.bench.experiment import ExperimentConfig, compare_result, make_annotator
+from clairvoyant.bench.parallel import ProgressCallback, SimTask, default_jobs, run_tasks
 from clairvoyant.bench.workloads import list_workloads
 from clairvoyant.scheduler.core import PRESETS
 
@@ -39,11 +37,16 @@ def sweep(
     loads: Sequence[float],
     *,
     workflows: Sequence[int] | None = None,
+    jobs: int = 1,
+    on_progress: ProgressCallback | None = None,
     on_point: Callable[[float, dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """``compare`` at each load (``load_kind`` "rate": workflows/s; "concurrency": closed loop).
 
     ``workflows``: how many workflows each level runs (default: ``config.workflows`` at every one).
+    The runs (every policy at every level) go ``jobs`` at a time; ``on_progress`` gets (run index,
+    where it stands), runs numbered level by level, policy by policy; ``on_point`` gets each level
+    once all its runs are done.  A level's ``wall_seconds`` is the sum of its runs'.
     """
     counts = [config.workflows] * len(loads) if workflows is None else list(workflows)
     if len(counts) != len(loads):
@@ -51,16 +54,28 @@ def sweep(
     if load_kind not in LOAD_KINDS:
         raise ValueError(f"load_kind must be one of {LOAD_KINDS}, got {load_kind!r}")
     started = time.perf_counter()
-    points: list[dict[str, Any]] = []
-    for load, count in zip(loads, counts, strict=True):
-        if load_kind == "rate":
-            point_config = dataclasses.replace(config, rate=float(load), concurrency=None, workflows=count)
-        else:
-            point_config = dataclasses.replace(config, rate=None, concurrency=int(load), workflows=count)
-        point = {"load": load, **compare(point_config, policies)}
-        points.append(point)
-        if on_point is not None:
-            on_point(load, point)
+    configs = [
+        dataclasses.replace(config, rate=float(load), concurrency=None, workflows=count)
+        if load_kind == "rate"
+        else dataclasses.replace(config, rate=None, concurrency=int(load), workflows=count)
+        for load, count in zip(loads, counts, strict=True)
+    ]
+    tasks = [SimTask(c, policy, make_annotator(c)) for c in configs for policy in policies]
+    points: list[dict[str, Any] | None] = [None] * len(loads)
+    runs: dict[int, dict[str, Any]] = {}
+
+    def finished(index: int, result: dict[str, Any]) -> None:
+        runs[index] = result
+        level = index // len(policies)
+        first = level * len(policies)
+        if all(i in runs for i in range(first, first + len(policies))):
+            results = {policy: runs[first + i] for i, policy in enumerate(policies)}
+            wall = sum(r["wall_seconds"] for r in results.values())
+            point = points[level] = {"load": loads[level], **compare_result(configs[level], "sim", results, wall)}
+            if on_point is not None:
+                on_point(loads[level], point)
+
+    run_tasks(tasks, jobs, on_progress, finished)
     return {
         "kind": "sweep",
         "workload": config.workload,
@@ -89,6 +104,8 @@ def add_parsers(commands: Any) -> None:
     sub.add_argument("--gpu", default="H100-80G")
     sub.add_argument("--workflows", default="64", help="per load level: one number, or one per level")
     sub.add_argument("--seed", type=int, default=0)
+    sub.add_argument("--jobs", type=int, default=None,
+                     help="runs simulated at once, one process each (default: one per CPU); results do not depend on it")
     sub.add_argument("--out", type=Path, required=True, help="results JSON")
 
     sub = commands.add_parser("plot", help="PNG figures from a compare or sweep results file")
@@ -131,18 +148,18 @@ def run_command(args: argparse.Namespace) -> int:
         f"sweep: {args.workload}, {len(policies)} policies x {len(loads)} {load_kind} levels "
         f"({', '.join(f'{load:g}' for load in loads)}; workflows {', '.join(map(str, counts))}), {args.gpus} GPUs"
     )
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True)) as bar:
-        task = bar.add_task(f"sweep {args.workload}", total=len(loads))
+    if args.jobs is not None and args.jobs < 1:
+        raise SystemExit(f"error: --jobs must be at least 1, got {args.jobs}")
+    labels = [f"{load_kind} {load:g} {policy}" for load in loads for policy in policies]
+    with RunBars(labels) as bars:
 
         def done(load: float, point: dict[str, Any]) -> None:
             summary = ", ".join(f"{p} avg JCT {m['avg_jct_s']:.1f} s" for p, m in point["policies"].items())
-            bar.console.print(
-                f"{load_kind} {load:g}: {summary} ({point['wall_seconds']:.0f} s wall)", soft_wrap=True
-            )
-            bar.advance(task)
+            bars.print(f"{load_kind} {load:g}: {summary} ({point['wall_seconds']:.0f} s of runs)")
 
-        result = sweep(config, policies, load_kind, loads, workflows=counts, on_point=done)
+        jobs = args.jobs or default_jobs(len(labels))
+        result = sweep(config, policies, load_kind, loads, workflows=counts, jobs=jobs, on_progress=bars.update,
+                       on_point=done)  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(rounded(result), indent=1, sort_keys=True, default=str) + "\n")
     print(table(result))

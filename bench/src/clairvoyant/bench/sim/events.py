@@ -41,5 +41,9 @@ class EventQueue:
             processed += 1
         return processed
 
+    def next_time(self) -> float | None:
+        """When the next event is due; None when none is left."""
+        return self._heap[0][0] if self._heap else None
+
     def __len__(self) -> int:
         return len(self._heap)

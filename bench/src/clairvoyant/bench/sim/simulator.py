@@ -65,6 +65,15 @@ if TYPE_CHECKING:
     from clairvoyant.bench.sim.annotations import Annotator
 
 TENANT = "default"
+PROGRESS_EVERY_S = 10.0  # virtual seconds between progress calls (``Simulator.run(progress=...)``)
+
+
+class SimProgress(NamedTuple):
+    """Where a run stands: its virtual clock and how many of its workflows have ended."""
+
+    virtual_s: float
+    workflows_done: int
+    workflows_total: int
 
 
 @runtime_checkable
@@ -171,6 +180,8 @@ class Simulator:
         self._remaining: dict[str, int] = {}  # workflow -> calls not finished
         self._latest: dict[str, float] = {}  # workflow -> latest call end (tool included)
         self._backlog: list[WorkflowProgram] = []  # closed loop: programs still to start
+        self._workflows_total = 0  # arrivals and backlog of the run
+        self._workflows_done = 0
         self._think_time_s = 0.0
         self._depths: dict[str, int] = {}  # model -> global queue depth last recorded
         self._submitted = False  # a call joined the global queue since depths were last recorded
@@ -186,26 +197,35 @@ class Simulator:
         backlog: Sequence[WorkflowProgram] = (),
         think_time_s: float = 0.0,
         until: float | None = None,
+        progress: Callable[[SimProgress], None] | None = None,
     ) -> RunRecords:
         """Run to completion.  Closed loop: each workflow that ends starts the next one of
         ``backlog`` after ``think_time_s`` (``arrivals`` are the initial ones).
 
         ``until``: stop once virtual time passes it (a partial run, e.g. to time the simulator
-        itself; ``resume`` goes on); the records then hold unfinished workflows and calls too."""
+        itself; ``resume`` goes on); the records then hold unfinished workflows and calls too.
+        ``progress``: called every ``PROGRESS_EVERY_S`` virtual seconds and at the end."""
         self._backlog = list(reversed(backlog))
         self._think_time_s = think_time_s
+        self._workflows_total += len(arrivals) + len(backlog)
         for time, program in arrivals:
             self.events.at(time, Phase.READY, partial(self._arrive, program))
-        return self.resume(until)
+        return self.resume(until, progress)
 
-    def resume(self, until: float | None = None) -> RunRecords:
+    def resume(self, until: float | None = None, progress: Callable[[SimProgress], None] | None = None) -> RunRecords:
         """Go on with a run that ``run(..., until=...)`` stopped: to completion, or to ``until``."""
-        self.advance(until)
+        self.advance(until, progress)
         return self._finish_records(until)
 
-    def advance(self, until: float | None = None) -> None:
+    def progress(self) -> SimProgress:
+        return SimProgress(self.events.now, self._workflows_done, self._workflows_total)
+
+    def advance(self, until: float | None = None, progress: Callable[[SimProgress], None] | None = None) -> None:
         """Process events to completion (or to ``until``) without assembling the records: the
-        simulation proper, which ``resume`` follows with a pass over every record."""
+        simulation proper, which ``resume`` follows with a pass over every record.
+
+        With ``progress``, the events go in slices of ``PROGRESS_EVERY_S`` virtual seconds, each
+        followed by a call: the same events in the same order as in one go."""
         # The runner's and sampler's tensors are small (rows x a 260-token vocabulary): a second
         # intra-op thread never pays for itself, and on a busy machine each op past torch's
         # parallel grain (~128 rows) waits ~1-2 ms for a descheduled thread.
@@ -217,8 +237,15 @@ class Simulator:
         # reference counting frees everything, so the collector is paused for the run.
         collecting = gc.isenabled()
         gc.disable()
+        end = float("inf") if until is None else until
         try:
-            self.events.run(float("inf") if until is None else until)
+            if progress is None:
+                self.events.run(end)
+            else:
+                while (due := self.events.next_time()) is not None and due <= end:
+                    self.events.run(min(end, due + PROGRESS_EVERY_S))
+                    progress(self.progress())
+                progress(self.progress())
         finally:
             torch.set_num_threads(threads)
             if collecting:
@@ -487,6 +514,7 @@ class Simulator:
         self._remaining[workflow_id] -= 1
         if self._remaining[workflow_id] == 0:
             end = self._workflows[workflow_id].end_time = self._latest.pop(workflow_id)
+            self._workflows_done += 1
             if self._backlog:
                 following = self._backlog.pop()
                 self.events.at(end + self._think_time_s, Phase.READY, lambda: self._arrive(following))
