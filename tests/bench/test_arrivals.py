@@ -17,6 +17,7 @@ from clairvoyant.bench.arrivals import (
     closed_loop,
     cron,
     merge,
+    parse_arrivals,
     poisson,
 )
 from clairvoyant.bench.workloads import WorkloadDataError
@@ -128,3 +129,42 @@ def test_azure_replay_without_data_names_the_path(tmp_path: Path, monkeypatch: p
     monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path))
     with pytest.raises(WorkloadDataError, match="AzureLLMInferenceTrace_code.csv"):
         azure_replay("code")
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("poisson:rate=2", poisson(2.0)),
+        ("bursty:rate=0.5,cv=4", bursty(0.5, 4.0)),
+        (" cron:period_s=60, batch=32 ,jitter_s=5", cron(60.0, 32, jitter_s=5.0)),
+        ("poisson:rate=0.2+cron:period_s=300,batch=40", merge(poisson(0.2), cron(300.0, 40))),
+    ],
+)
+def test_parse_arrivals_builds_the_named_process(spec: str, expected: ArrivalProcess) -> None:
+    parsed = parse_arrivals(spec)
+    assert parsed == expected
+    rng = np.random.default_rng(3)
+    assert np.array_equal(parsed.times(rng, count=50), expected.times(np.random.default_rng(3), count=50))
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("nope:rate=1", "unknown arrival process 'nope'; choose one of: azure_replay, bursty, closed_loop, cron, poisson"),
+        ("bursty:rate=1", "bursty: missing cv; it takes rate, cv"),
+        ("bursty:rate=1,cv=2,shape=3", "bursty: unknown parameter 'shape'; it takes rate, cv"),
+        ("bursty:rate=fast,cv=2", "bursty: rate must be a number, got 'fast'"),
+        ("bursty:rate=inf,cv=2", "bursty: rate must be finite"),
+        ("bursty:rate=-1,cv=2", "bursty: rate must be > 0"),
+        ("bursty:rate=1,rate=2,cv=1", "bursty: rate given twice"),
+        ("bursty:rate", "bursty: expected param=value, got 'rate'"),
+        ("cron:period_s=60,batch=2.5", "cron: batch must be an integer, got '2.5'"),
+        ("azure_replay:kind=chat", "azure_replay: kind must be one of code, conv, got 'chat'"),
+        ("closed_loop:concurrency=4", "give --concurrency instead"),
+        ("poisson:rate=1+", "empty arrival process"),
+    ],
+)
+def test_parse_arrivals_says_what_is_wrong(spec: str, message: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        parse_arrivals(spec)
+    assert message in str(caught.value)

@@ -11,6 +11,7 @@ import pytest
 
 from clairvoyant.bench import experiment
 from clairvoyant.bench.__main__ import main
+from clairvoyant.bench.arrivals import Bursty
 from clairvoyant.bench.experiment import ExperimentConfig, build_cluster, compare, instance
 from clairvoyant.bench.sim.annotations import ProfilerAnnotator
 from clairvoyant.bench.sim.simulator import Simulator
@@ -149,3 +150,46 @@ def test_run_sim_leaves_the_prepared_annotator_untouched() -> None:
     assert experiment.make_annotator(dataclasses.replace(PROFILED, annotations="none")) is None
     with pytest.raises(ValueError, match="unknown annotations 'psychic'"):
         experiment.make_annotator(dataclasses.replace(PROFILED, annotations="psychic"))
+
+
+def test_an_arrival_process_given_as_text_drives_the_instance(tmp_path: Path) -> None:
+    """``--arrivals``: the workflows start at the process's times (drawn from the instance's
+    arrival stream), the same for every preset; bad text is refused before anything runs."""
+    config = ExperimentConfig(workload="react_bfcl", gpus=2, workflows=20, seed=4, arrivals="bursty:rate=0.5,cv=3")
+    arrivals, backlog = instance(get_workload(config.workload), config)
+    expected = Bursty(0.5, 3.0).times(np.random.default_rng([4, 1]), count=20)
+    assert [t for t, _ in arrivals] == expected.tolist() and backlog == []
+    out = tmp_path / "bursty.json"
+    assert main(["compare", "--workload", "react_bfcl", "--policies", "fcfs-rr,least-loaded", "--gpus", "2",
+                 "--workflows", "20", "--seed", "4", "--arrivals", "bursty:rate=0.5,cv=3", "--jobs", "1",
+                 "--out", str(out)]) == 0  # fmt: skip
+    result = json.loads(out.read_text())
+    assert result["config"]["arrivals"] == "bursty:rate=0.5,cv=3"
+    assert all(m["workflows"] == 20 for m in result["policies"].values())
+    assert result["policies"]["fcfs-rr"]["virtual_seconds"] >= expected[-1] - expected[0]
+
+    with pytest.raises(ValueError, match="at most one of rate, concurrency and arrivals, got rate and arrivals"):
+        instance(get_workload("react_bfcl"), dataclasses.replace(config, rate=1.0))
+    bad = tmp_path / "bad.json"
+    with pytest.raises(SystemExit, match="--arrivals: bursty: missing cv; it takes rate, cv"):
+        main(["run", "--workload", "react_bfcl", "--policy", "fcfs-rr", "--arrivals", "bursty:rate=1",
+              "--out", str(bad)])  # fmt: skip
+    assert not bad.exists()
+
+
+def test_merge_reads_files_written_before_a_config_key_existed(tmp_path: Path) -> None:
+    """A results file from before ``arrivals`` existed merges with one written now."""
+    def compare_file(policy: str, drop_arrivals: bool) -> Path:
+        out = tmp_path / f"{policy}.json"
+        assert main(["compare", "--workload", "react_bfcl", "--policies", policy, "--gpus", "2", "--workflows", "4",
+                     "--rate", "1", "--jobs", "1", "--out", str(out)]) == 0  # fmt: skip
+        if drop_arrivals:
+            result = json.loads(out.read_text())
+            del result["config"]["arrivals"]
+            out.write_text(json.dumps(result))
+        return out
+
+    old, new = compare_file("fcfs-rr", drop_arrivals=True), compare_file("least-loaded", drop_arrivals=False)
+    merged = tmp_path / "merged.json"
+    assert main(["merge", str(old), str(new), "--out", str(merged)]) == 0
+    assert set(json.loads(merged.read_text())["policies"]) == {"fcfs-rr", "least-loaded"}

@@ -14,17 +14,26 @@ first).  Randomness comes only from the injected ``numpy.random.Generator``.
 - ``azure_replay(kind, scale)``: the timestamps of the Azure LLM inference trace 2023 (``code``:
   bursty, inter-arrival CV ~13; ``conv``: CV ~1.1), sped up ``scale`` times.
 - ``merge(*processes)``: their union, e.g. a Poisson background plus cron spikes.
+
+``parse_arrivals`` reads one from text (the CLI's ``--arrivals``): a registered name and its
+parameters by name, processes joined by ``+`` for their union::
+
+    bursty:rate=0.5,cv=4
+    azure_replay:kind=code,scale=20
+    poisson:rate=0.2+cron:period_s=300,batch=40,jitter_s=10
 """
 
 from __future__ import annotations
 
 import csv
+import inspect
 import math
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date
 from functools import lru_cache
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -287,3 +296,56 @@ def _azure_offsets(path: str) -> np.ndarray:
     offsets -= offsets[0]
     offsets.flags.writeable = False  # shared by every Replay built from the cache
     return offsets
+
+
+def parse_arrivals(spec: str) -> ArrivalProcess:
+    """An arrival process from text: ``name[:param=value,...]``, several joined by ``+`` (``merge``).
+    Raises ValueError saying what is wrong: an unknown process or parameter, a missing or
+    ill-typed value, or a value the process refuses."""
+    parts = [_parse_one(part.strip()) for part in spec.split("+")]
+    return parts[0] if len(parts) == 1 else merge(*parts)
+
+
+def _parse_one(spec: str) -> ArrivalProcess:
+    name, _, params = spec.partition(":")
+    if not name:
+        raise ValueError(f"empty arrival process in {spec!r}; write name[:param=value,...]")
+    if name == "closed_loop":
+        raise ValueError("closed_loop is not a timestamp process: give --concurrency instead")
+    factory = ARRIVALS.factory(name)
+    signature = inspect.signature(factory)
+    hints = typing.get_type_hints(factory)
+    takes = ", ".join(signature.parameters)
+    kwargs: dict[str, Any] = {}
+    for item in filter(None, (p.strip() for p in params.split(","))):
+        key, equals, text = item.partition("=")
+        key = key.strip()
+        if not equals:
+            raise ValueError(f"{name}: expected param=value, got {item!r}; it takes {takes}")
+        if key not in signature.parameters:
+            raise ValueError(f"{name}: unknown parameter {key!r}; it takes {takes}")
+        if key in kwargs:
+            raise ValueError(f"{name}: {key} given twice")
+        kwargs[key] = _value(name, key, text.strip(), hints[key])
+    missing = [p.name for p in signature.parameters.values() if p.default is p.empty and p.name not in kwargs]
+    if missing:
+        raise ValueError(f"{name}: missing {', '.join(missing)}; it takes {takes}")
+    try:
+        return factory(**kwargs)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+
+
+def _value(name: str, key: str, text: str, kind: Any) -> Any:
+    choices = typing.get_args(kind) if typing.get_origin(kind) is Literal else None
+    if choices is not None:
+        if text not in choices:
+            raise ValueError(f"{name}: {key} must be one of {', '.join(choices)}, got {text!r}")
+        return text
+    try:
+        value = int(text) if kind is int else float(text)
+    except ValueError:
+        raise ValueError(f"{name}: {key} must be {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{name}: {key} must be finite, got {text!r}")
+    return value

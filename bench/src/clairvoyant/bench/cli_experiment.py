@@ -5,6 +5,8 @@ running stack through its gateway (``--mode live``, the policy the stack's sched
         --workflows 64 --concurrency 32 --seed 0 --out run.json
     python -m clairvoyant.bench compare --workload swe_agent --policies fcfs-rr,least-loaded \\
         --rate 0.5 --out compare.json
+    python -m clairvoyant.bench compare --workload react_bfcl --policies fcfs-rr,pythia \\
+        --arrivals bursty:rate=0.5,cv=4 --jobs 2 --out bursty.json  # any arrival process; 2 at once
     python -m clairvoyant.bench run --mode live --workload react_bfcl --policy fcfs-rr --gpus 2 \\
         --workflows 16 --concurrency 8 --base-url http://127.0.0.1:8000/v1 --out live.json
     python -m clairvoyant.bench compare --workload qa_router+report_generate+code_generate ...  # served together
@@ -16,18 +18,20 @@ running stack through its gateway (``--mode live``, the policy the stack's sched
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from pathlib import Path
 from typing import Any
 
+from clairvoyant.bench.arrivals import parse_arrivals
 from clairvoyant.bench.common import RunBars, progress
 from clairvoyant.bench.experiment import ANNOTATORS, ExperimentConfig, compare
 from clairvoyant.bench.live import validate  # noqa: F401  (registers the sim-vs-live benchmark)
 from clairvoyant.bench.live.cluster import LiveModeError
 from clairvoyant.bench.live.run import DEFAULT_BASE_URL, DEFAULT_SCHEDULER, LiveOptions
 from clairvoyant.bench.parallel import default_jobs
-from clairvoyant.bench.workloads import list_workloads
+from clairvoyant.bench.workloads import WorkloadDataError, list_workloads
 from clairvoyant.scheduler.core import PRESETS
 
 COMMANDS = ("run", "compare", "merge", "matrix-report")
@@ -69,6 +73,9 @@ def add_parsers(commands: Any) -> None:
         load = sub.add_mutually_exclusive_group()
         load.add_argument("--rate", type=float, help="Poisson workflow arrivals per second")
         load.add_argument("--concurrency", type=int, help="closed loop: workflows in flight")
+        load.add_argument("--arrivals", metavar="SPEC",
+                          help="an open-loop arrival process, e.g. bursty:rate=0.5,cv=4 or cron:period_s=60,batch=32 "
+                               "or azure_replay:kind=code,scale=20; join several with + (docs/workloads.md)")  # fmt: skip
         sub.add_argument("--seed", type=int, default=0)
         sub.add_argument("--block-size", type=int, default=16,
                          help="sim: KV block size in tokens (16 as live workers; 64 runs ~2.5x faster, "
@@ -105,6 +112,8 @@ def add_report_parsers(commands: Any) -> None:
 def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """One compare result holding every part's presets; raises ValueError if the parts' configs
     (hence instances) differ or a preset appears twice."""
+    defaults = {f.name: f.default for f in dataclasses.fields(ExperimentConfig)}
+    parts = [{**part, "config": {**defaults, **part["config"]}} for part in parts]  # older files lack newer keys
     first = parts[0]
     merged = {**first, "policies": dict(first["policies"]), "wall_seconds": sum(p["wall_seconds"] for p in parts)}
     for part in parts[1:]:
@@ -186,9 +195,14 @@ def run_command(args: argparse.Namespace) -> int:
         raise SystemExit(f"unknown policies {unknown}; choose from {PRESETS.names()}")
     config = ExperimentConfig(
         workload=args.workload, gpus=args.gpus, gpu=args.gpu, workflows=args.workflows,
-        rate=args.rate, concurrency=args.concurrency, seed=args.seed, block_size=args.block_size,
-        annotations=args.annotations, warmup_workflows=args.warmup_workflows,
+        rate=args.rate, concurrency=args.concurrency, arrivals=args.arrivals, seed=args.seed,
+        block_size=args.block_size, annotations=args.annotations, warmup_workflows=args.warmup_workflows,
     )  # fmt: skip
+    if args.arrivals is not None:
+        try:
+            parse_arrivals(args.arrivals)
+        except (ValueError, WorkloadDataError) as exc:
+            raise SystemExit(f"error: --arrivals: {exc}") from None
     if args.block_size <= 0:
         raise SystemExit(f"error: --block-size must be positive, got {args.block_size}")
     if args.warmup_workflows < 0:

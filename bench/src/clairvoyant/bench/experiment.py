@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from clairvoyant.bench.arrivals import ClosedLoop, Poisson
+from clairvoyant.bench.arrivals import ClosedLoop, Poisson, parse_arrivals
 from clairvoyant.bench.metrics import jct_list, queue_depth_series, summarize
 from clairvoyant.bench.parallel import ProgressCallback, SimTask, run_tasks
 from clairvoyant.bench.sim.annotations import Annotator, OracleAnnotator, ProfilerAnnotator, warm_up
@@ -52,6 +52,7 @@ class ExperimentConfig:
     workflows: int = 64
     rate: float | None = None  # workflows/s (Poisson); None with concurrency None: all at t=0
     concurrency: int | None = None  # closed loop
+    arrivals: str | None = None  # an arrival process as text (``arrivals.parse_arrivals``), instead of rate
     seed: int = 0
     block_size: int = 16
     max_num_seqs: int = 256
@@ -101,10 +102,17 @@ def build_cluster(workload: Workload, config: ExperimentConfig) -> tuple[list[Re
 def instance(
     workload: Workload, config: ExperimentConfig, prefix: str = "wf"
 ) -> tuple[list[tuple[float, WorkflowProgram]], list[WorkflowProgram]]:
-    """(initial arrivals, closed-loop backlog): identical for every preset given the seed."""
+    """(initial arrivals, closed-loop backlog): identical for every preset given the seed.
+    Raises ValueError for a config giving more than one of rate, concurrency and arrivals."""
+    given = [name for name in ("rate", "concurrency", "arrivals") if getattr(config, name)]
+    if len(given) > 1:
+        raise ValueError(f"give at most one of rate, concurrency and arrivals, got {' and '.join(given)}")
     rng = np.random.default_rng(config.seed)
     programs = [workload.instantiate(rng, f"{prefix}-{i:05d}") for i in range(config.workflows)]
     arrival_rng = np.random.default_rng([config.seed, 1])
+    if config.arrivals:
+        times = parse_arrivals(config.arrivals).times(arrival_rng, count=len(programs))
+        return [(float(t), p) for t, p in zip(times, programs, strict=True)], []
     if config.concurrency:
         initial = len(ClosedLoop(config.concurrency).times(arrival_rng, count=len(programs)))
         return [(0.0, p) for p in programs[:initial]], programs[initial:]

@@ -27,11 +27,14 @@ class Registry(Generic[T]):
         return add
 
     def create(self, name: str, **kwargs: object) -> T:
+        return self.factory(name)(**kwargs)
+
+    def factory(self, name: str) -> Callable[..., T]:
+        """The factory registered as ``name``; ValueError naming the choices if none is."""
         try:
-            factory = self._factories[name]
+            return self._factories[name]
         except KeyError:
             raise ValueError(f"unknown {self.kind} {name!r}; choose one of: {', '.join(self.names())}") from None
-        return factory(**kwargs)
 
     def names(self) -> list[str]:
         return sorted(self._factories)
