@@ -4,7 +4,8 @@
 # profiler annotations, plus the oracle ablation at saturation.  One cell = one `compare` (all
 # presets on the identical instance, seed 0, 64-token blocks) -> bench/results/matrix-<workload>-<load>.json.
 #
-#   bench/matrix.sh                                   # every cell, the eight presets, two at a time
+#   bench/matrix.sh                                   # every cell, the eight presets, two cells at a time
+#                                                     # (JOBS; each cell runs its presets one by one)
 #   PRESETS=clairvoyant SUFFIX=-clairvoyant bench/matrix.sh   # more presets later: run, then merged in
 #   ONLY=coding_assistant bench/matrix.sh             # the cells whose name contains this
 #   bench/matrix.sh report                            # tables (stdout) and docs/img/matrix-*.png only
@@ -50,7 +51,7 @@ cells() { echo "$CELLS" | awk 'NF == 6' | grep -- "${ONLY}" || true; }
 run_cell() {  # name workload gpus concurrency workflows annotations
     local out="$OUT/matrix-$1$SUFFIX.json"
     nice -n 10 "$PY" -m clairvoyant.bench compare --workload "$2" --gpus "$3" --concurrency "$4" \
-        --workflows "$5" --annotations "$6" --seed 0 --block-size 64 --policies "$PRESETS" --out "$out" \
+        --workflows "$5" --annotations "$6" --seed 0 --block-size 64 --policies "$PRESETS" --jobs 1 --out "$out" \
         > "$out.log" 2>&1 && rm -f "$out.log" && echo "done $1 ($out)"
 }
 export -f run_cell
