@@ -113,3 +113,23 @@ def test_an_unreachable_gateway_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as exc:
         main(args)
     assert f"cannot reach the gateway at {url}" in str(exc.value.code)
+
+
+def test_live_run_follows_an_arrival_process_given_as_text(stack: Stack, tmp_path: Path) -> None:
+    """``--arrivals``: two cron batches of three, 4 s apart; the second waits its turn in real time."""
+    out = tmp_path / "cron.json"
+    args = ["run", "--workload", "react_bfcl", "--policy", "fcfs-rr", "--mode", "live", "--gpus", "2",
+            "--workflows", "6", "--arrivals", "cron:period_s=4,batch=3", "--seed", str(SEED),
+            "--time-scale", "0.1", "--base-url", f"{stack.gateway_url}/v1", "--scheduler", stack.scheduler_address,
+            "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
+    result = json.loads(out.read_text())
+    metrics = result["policies"]["fcfs-rr"]
+    assert result["config"]["arrivals"] == "cron:period_s=4,batch=3"
+    config = ExperimentConfig(workload="react_bfcl", gpus=2, workflows=6, seed=SEED, arrivals="cron:period_s=4,batch=3")
+    arrivals, backlog = instance(get_workload("react_bfcl"), config)
+    assert [t for t, _ in arrivals] == [0.0, 0.0, 0.0, 4.0, 4.0, 4.0] and backlog == []
+    assert metrics["workflows"] == 6 and metrics["calls"] == sum(len(p) for _, p in arrivals)
+    # JCTs are in arrival order: the second batch's workflows ran from 4 s after the first arrival.
+    second_batch = metrics["jct_s"][3:]
+    assert metrics["duration_s"] >= 4.0 + max(second_batch) - 1e-6, (metrics["duration_s"], metrics["jct_s"])
