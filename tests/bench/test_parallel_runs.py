@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from clairvoyant.bench.__main__ import main
+from clairvoyant.bench.common import RunBars
 from clairvoyant.bench.experiment import ExperimentConfig, build_cluster, compare, instance, make_annotator
 from clairvoyant.bench.parallel import SimTask, default_jobs, run_tasks
 from clairvoyant.bench.sim.simulator import PROGRESS_EVERY_S, SimProgress, Simulator
@@ -122,3 +123,21 @@ def test_cli_rejects_bad_jobs(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         main(["sweep", "--workload", "react_bfcl", "--policies", "fcfs-rr", "--rates", "1", "--jobs", "-1",
               "--out", str(tmp_path / "s.json")])  # fmt: skip
     assert not (tmp_path / "out.json").exists() and not (tmp_path / "s.json").exists()
+
+
+def test_progress_goes_to_plain_lines_where_stderr_is_not_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    """A log file gets a line per run at its first report, every LINE_EVERY_S seconds, and once at its end."""
+    with RunBars(["swe fcfs-rr", "swe pythia"]) as bars:
+        bars.update(0, SimProgress(10.0, 0, 8))
+        bars.update(0, SimProgress(20.0, 1, 8))  # within LINE_EVERY_S of the last line: quiet
+        bars.update(1, SimProgress(10.0, 0, 8))
+        bars.update(0, SimProgress(900.0, 8, 8))
+        bars.update(0, SimProgress(900.0, 8, 8))  # the run's final call repeats its end: quiet
+        bars.print("level 1 done")
+    lines = [line.split("] ", 1)[1] for line in capsys.readouterr().err.splitlines()]
+    assert lines == [
+        "swe fcfs-rr: 0/8 workflows, 10 s virtual",
+        "swe pythia: 0/8 workflows, 10 s virtual",
+        "swe fcfs-rr: 8/8 workflows, 900 s virtual",
+        "level 1 done",
+    ]

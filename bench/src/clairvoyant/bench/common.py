@@ -58,15 +58,24 @@ def progress(message: str) -> None:
 
 class RunBars:
     """Rich progress bars on stderr, one per simulated run: workflows ended of the run's total,
-    and its virtual clock.  Use as a context manager; ``update`` is a ``parallel.ProgressCallback``."""
+    and its virtual clock.  Use as a context manager; ``update`` is a ``parallel.ProgressCallback``.
+    Where stderr is not a terminal (a log file), bars cannot redraw: each run prints a progress line
+    every ``LINE_EVERY_S`` seconds and when it ends instead."""
+
+    LINE_EVERY_S = 30.0
 
     def __init__(self, labels: Sequence[str]) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+        console = Console(stderr=True)
+        self._lines = not console.is_terminal
+        self._labels = list(labels)
+        self._last_line = [float("-inf")] * len(labels)
         self._bars = Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("workflows"),
-            TextColumn("{task.fields[virtual]:>9} virtual"), TimeElapsedColumn(), console=Console(stderr=True),
+            TextColumn("{task.fields[virtual]:>9} virtual"), TimeElapsedColumn(), console=console,
+            disable=self._lines,
         )  # fmt: skip
         self._tasks = [self._bars.add_task(label, total=None, virtual="0 s", start=False) for label in labels]
 
@@ -79,6 +88,14 @@ class RunBars:
 
     def update(self, index: int, where: Any) -> None:
         """``where``: a ``SimProgress`` of run ``index``."""
+        if self._lines:
+            now, ended = time.monotonic(), where.workflows_done == where.workflows_total
+            last = self._last_line[index]
+            if last != float("inf") and (ended or now - last >= self.LINE_EVERY_S):
+                self._last_line[index] = float("inf") if ended else now  # inf: its last line is out
+                progress(f"{self._labels[index]}: {where.workflows_done}/{where.workflows_total} workflows, "
+                         f"{where.virtual_s:,.0f} s virtual")  # fmt: skip
+            return
         task = self._tasks[index]
         self._bars.start_task(task)
         self._bars.update(
@@ -86,7 +103,10 @@ class RunBars:
         )
 
     def print(self, message: str) -> None:
-        self._bars.console.print(message, soft_wrap=True)
+        if self._lines:
+            progress(message)
+        else:
+            self._bars.console.print(message, soft_wrap=True)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
