@@ -5,6 +5,7 @@ Used by ``make run`` (``clairvoyant.core.stack``) and by the test fixtures.
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 import subprocess
@@ -12,11 +13,60 @@ import sys
 import time
 from pathlib import Path
 
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+PRIVATE_LOW = 10000  # free ports are picked from here up to the kernel's ephemeral range
+
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (``free_ports``)."""
+    return free_ports(1, host=host)[0]
+
+
+def free_ports(*runs: int, host: str = "127.0.0.1") -> list[int]:
+    """For each of ``runs``, the first of that many consecutive ports that can be bound now; no
+    two runs overlap.
+
+    Picked at random below the kernel's ephemeral range (Linux: 32768-60999), not by binding port
+    0: the kernel hands ports of that range to outgoing connections too, so one picked there could
+    be taken by any client socket before the service binds it.  Below the range only another
+    explicit bind can take it.  Where the range starts too low for that, the kernel chooses."""
+    low, high = PRIVATE_LOW, _ephemeral_low()
+    rng = random.Random()  # seeded from the OS: runs on one machine start apart
+    taken: set[int] = set()
+    starts = []
+    for length in runs:
+        for _ in range(1000):
+            start = rng.randrange(low, high - length) if high - low > 4 * length else _kernel_port(host)
+            ports = range(start, start + length)
+            if taken.isdisjoint(ports) and all(_can_bind(host, port) for port in ports):
+                break
+        else:
+            raise OSError(f"no {length} consecutive free ports found on {host}")
+        taken.update(ports)
+        starts.append(start)
+    return starts
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default; elsewhere the same range is a fair guess
+
+
+def _kernel_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def _can_bind(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def port_open(host: str, port: int, timeout: float = 0.2) -> bool:

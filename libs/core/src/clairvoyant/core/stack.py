@@ -28,7 +28,7 @@ import grpc
 
 from clairvoyant.contracts.v1 import scheduler_pb2, scheduler_pb2_grpc
 from clairvoyant.core.logs import setup_logging
-from clairvoyant.core.natsserver import NatsServer, free_port, port_open
+from clairvoyant.core.natsserver import NatsServer, free_port, free_ports, port_open
 
 logger = logging.getLogger("clairvoyant.stack")
 
@@ -88,16 +88,18 @@ class StackConfig:
         """A private stack for tests and benchmarks: every port free, quiet logs, SQLite under
         ``var_dir``; ``env`` adds to that environment, ``fields`` set the rest."""
         base_env = {"CV_LOG_LEVEL": "WARNING", "CV_DATABASE_URL": f"sqlite:///{var_dir / 'gateway.db'}"}
+        workers = int(fields.get("workers", cls.workers))
+        ports = free_ports(1, 1, 1, 1, 1, 1, max(workers, 1), max(workers, 1))  # worker i uses base + i
         return cls(
             var_dir=var_dir,
-            gateway_port=free_port(),
-            gateway_grpc_port=free_port(),
-            scheduler_port=free_port(),
-            scheduler_metrics_port=free_port(),
-            profiler_port=free_port(),
-            profiler_metrics_port=free_port(),
-            worker_grpc_base=free_port(),
-            worker_http_base=free_port(),
+            gateway_port=ports[0],
+            gateway_grpc_port=ports[1],
+            scheduler_port=ports[2],
+            scheduler_metrics_port=ports[3],
+            profiler_port=ports[4],
+            profiler_metrics_port=ports[5],
+            worker_grpc_base=ports[6],
+            worker_http_base=ports[7],
             env={**base_env, **(env or {})},
             **fields,
         )
