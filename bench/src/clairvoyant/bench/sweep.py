@@ -60,7 +60,8 @@ def sweep(
         else dataclasses.replace(config, rate=None, concurrency=int(load), workflows=count)
         for load, count in zip(loads, counts, strict=True)
     ]
-    tasks = [SimTask(c, policy, make_annotator(c)) for c in configs for policy in policies]
+    prepared = [make_annotator(c) for c in configs]  # once per level, as ``compare`` does
+    tasks = [SimTask(c, policy, a) for c, a in zip(configs, prepared, strict=True) for policy in policies]
     points: list[dict[str, Any] | None] = [None] * len(loads)
     runs: dict[int, dict[str, Any]] = {}
 

@@ -204,7 +204,7 @@ class Simulator:
 
         ``until``: stop once virtual time passes it (a partial run, e.g. to time the simulator
         itself; ``resume`` goes on); the records then hold unfinished workflows and calls too.
-        ``progress``: called every ``PROGRESS_EVERY_S`` virtual seconds and at the end."""
+        ``progress``: called every ``PROGRESS_EVERY_S`` virtual seconds, the last time at the end."""
         self._backlog = list(reversed(backlog))
         self._think_time_s = think_time_s
         self._workflows_total += len(arrivals) + len(backlog)
@@ -244,8 +244,7 @@ class Simulator:
             else:
                 while (due := self.events.next_time()) is not None and due <= end:
                     self.events.run(min(end, due + PROGRESS_EVERY_S))
-                    progress(self.progress())
-                progress(self.progress())
+                    progress(self.progress())  # after the last slice: where the run ends
         finally:
             torch.set_num_threads(threads)
             if collecting:
