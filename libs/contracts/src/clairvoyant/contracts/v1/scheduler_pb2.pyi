@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ScheduleRequest(_message.Message):
-    __slots__ = ("request_id", "tenant", "model", "app_metadata", "annotations", "prompt_tokens", "max_tokens", "exclude_workers")
+    __slots__ = ("request_id", "tenant", "model", "app_metadata", "annotations", "prompt_tokens", "max_tokens", "exclude_workers", "owner")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +17,7 @@ class ScheduleRequest(_message.Message):
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     EXCLUDE_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     model: str
@@ -25,10 +26,11 @@ class ScheduleRequest(_message.Message):
     prompt_tokens: int
     max_tokens: int
     exclude_workers: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model: _Optional[str] = ..., app_metadata: _Optional[_Union[_common_pb2.AppMetadata, _Mapping]] = ..., annotations: _Optional[_Union[_common_pb2.SysAnnotations, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., exclude_workers: _Optional[_Iterable[str]] = ...) -> None: ...
+    owner: str
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model: _Optional[str] = ..., app_metadata: _Optional[_Union[_common_pb2.AppMetadata, _Mapping]] = ..., annotations: _Optional[_Union[_common_pb2.SysAnnotations, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., exclude_workers: _Optional[_Iterable[str]] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class Placement(_message.Message):
-    __slots__ = ("request_id", "worker_id", "worker_address", "base_priority", "queue_wait_s", "cache_hints", "preset")
+    __slots__ = ("request_id", "worker_id", "worker_address", "base_priority", "queue_wait_s", "cache_hints", "preset", "lease_s")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +38,7 @@ class Placement(_message.Message):
     QUEUE_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     CACHE_HINTS_FIELD_NUMBER: _ClassVar[int]
     PRESET_FIELD_NUMBER: _ClassVar[int]
+    LEASE_S_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     worker_id: str
     worker_address: str
@@ -43,7 +46,8 @@ class Placement(_message.Message):
     queue_wait_s: float
     cache_hints: _containers.RepeatedScalarFieldContainer[str]
     preset: str
-    def __init__(self, request_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., worker_address: _Optional[str] = ..., base_priority: _Optional[float] = ..., queue_wait_s: _Optional[float] = ..., cache_hints: _Optional[_Iterable[str]] = ..., preset: _Optional[str] = ...) -> None: ...
+    lease_s: float
+    def __init__(self, request_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., worker_address: _Optional[str] = ..., base_priority: _Optional[float] = ..., queue_wait_s: _Optional[float] = ..., cache_hints: _Optional[_Iterable[str]] = ..., preset: _Optional[str] = ..., lease_s: _Optional[float] = ...) -> None: ...
 
 class CompleteRequest(_message.Message):
     __slots__ = ("request_id", "worker_id", "status")
@@ -60,6 +64,20 @@ class CompleteResponse(_message.Message):
     RELEASED_FIELD_NUMBER: _ClassVar[int]
     released: bool
     def __init__(self, released: _Optional[bool] = ...) -> None: ...
+
+class RenewRequest(_message.Message):
+    __slots__ = ("owner", "request_ids")
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    owner: str
+    request_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, owner: _Optional[str] = ..., request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RenewResponse(_message.Message):
+    __slots__ = ("unknown_request_ids",)
+    UNKNOWN_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    unknown_request_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, unknown_request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SnapshotRequest(_message.Message):
     __slots__ = ()

@@ -45,6 +45,11 @@ class SchedulerStub:
                 request_serializer=clairvoyant_dot_v1_dot_scheduler__pb2.CompleteRequest.SerializeToString,
                 response_deserializer=clairvoyant_dot_v1_dot_scheduler__pb2.CompleteResponse.FromString,
                 _registered_method=True)
+        self.Renew = channel.unary_unary(
+                '/clairvoyant.v1.Scheduler/Renew',
+                request_serializer=clairvoyant_dot_v1_dot_scheduler__pb2.RenewRequest.SerializeToString,
+                response_deserializer=clairvoyant_dot_v1_dot_scheduler__pb2.RenewResponse.FromString,
+                _registered_method=True)
         self.Snapshot = channel.unary_unary(
                 '/clairvoyant.v1.Scheduler/Snapshot',
                 request_serializer=clairvoyant_dot_v1_dot_scheduler__pb2.SnapshotRequest.SerializeToString,
@@ -77,6 +82,14 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Renew(self, request, context):
+        """Extends the leases of placements the owner still uses.  A placement whose lease runs out is
+        reclaimed, as is one its worker has not heard of for a while (the worker reports what it holds).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Snapshot(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -102,6 +115,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.Complete,
                     request_deserializer=clairvoyant_dot_v1_dot_scheduler__pb2.CompleteRequest.FromString,
                     response_serializer=clairvoyant_dot_v1_dot_scheduler__pb2.CompleteResponse.SerializeToString,
+            ),
+            'Renew': grpc.unary_unary_rpc_method_handler(
+                    servicer.Renew,
+                    request_deserializer=clairvoyant_dot_v1_dot_scheduler__pb2.RenewRequest.FromString,
+                    response_serializer=clairvoyant_dot_v1_dot_scheduler__pb2.RenewResponse.SerializeToString,
             ),
             'Snapshot': grpc.unary_unary_rpc_method_handler(
                     servicer.Snapshot,
@@ -169,6 +187,33 @@ class Scheduler:
             '/clairvoyant.v1.Scheduler/Complete',
             clairvoyant_dot_v1_dot_scheduler__pb2.CompleteRequest.SerializeToString,
             clairvoyant_dot_v1_dot_scheduler__pb2.CompleteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Renew(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/clairvoyant.v1.Scheduler/Renew',
+            clairvoyant_dot_v1_dot_scheduler__pb2.RenewRequest.SerializeToString,
+            clairvoyant_dot_v1_dot_scheduler__pb2.RenewResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -163,7 +163,7 @@ class TierUsage(_message.Message):
     def __init__(self, tier: _Optional[_Union[_cachemgr_pb2.CacheTier, str]] = ..., blocks_used: _Optional[int] = ..., blocks_total: _Optional[int] = ...) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("worker_id", "model", "grpc_address", "http_address", "running", "queued", "max_batch", "kv_blocks_used", "kv_blocks_total", "kv_blocks_cached", "block_size", "max_model_len", "preemptions_total", "heartbeat_interval_s", "timestamp", "draining", "tiers")
+    __slots__ = ("worker_id", "model", "grpc_address", "http_address", "running", "queued", "max_batch", "kv_blocks_used", "kv_blocks_total", "kv_blocks_cached", "block_size", "max_model_len", "preemptions_total", "heartbeat_interval_s", "timestamp", "draining", "tiers", "held")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -181,6 +181,7 @@ class WorkerStats(_message.Message):
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     model: str
     grpc_address: str
@@ -198,4 +199,11 @@ class WorkerStats(_message.Message):
     timestamp: float
     draining: bool
     tiers: _containers.RepeatedCompositeFieldContainer[TierUsage]
-    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_address: _Optional[str] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ..., max_batch: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_cached: _Optional[int] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., preemptions_total: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., timestamp: _Optional[float] = ..., draining: _Optional[bool] = ..., tiers: _Optional[_Iterable[_Union[TierUsage, _Mapping]]] = ...) -> None: ...
+    held: HeldRequests
+    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_address: _Optional[str] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ..., max_batch: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_cached: _Optional[int] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., preemptions_total: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., timestamp: _Optional[float] = ..., draining: _Optional[bool] = ..., tiers: _Optional[_Iterable[_Union[TierUsage, _Mapping]]] = ..., held: _Optional[_Union[HeldRequests, _Mapping]] = ...) -> None: ...
+
+class HeldRequests(_message.Message):
+    __slots__ = ("request_ids",)
+    REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    request_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
