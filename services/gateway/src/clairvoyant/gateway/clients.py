@@ -79,6 +79,19 @@ class SchedulerClient:
         except grpc.aio.AioRpcError as err:
             logger.warning("Complete(%s) failed: %s %s", request_id, err.code().name, err.details())
 
+    async def renew(self, owner: str, request_ids: list[str]) -> list[str] | None:
+        """Extends ``owner``'s placement leases; returns the ids the scheduler holds none on, or
+        None when the call failed (logged; the leases outlast a few failed renewals)."""
+        request = scheduler_pb2.RenewRequest(owner=owner, request_ids=request_ids)
+        try:
+            reply: scheduler_pb2.RenewResponse = await self._stub.Renew(
+                request, timeout=5.0, metadata=grpc_metadata()
+            )
+        except grpc.aio.AioRpcError as err:
+            logger.warning("Renew of %d placement leases failed: %s", len(request_ids), err.code().name)
+            return None
+        return list(reply.unknown_request_ids)
+
     async def snapshot(self, timeout_s: float = 2.0) -> scheduler_pb2.SchedulerSnapshot:
         try:
             snap: scheduler_pb2.SchedulerSnapshot = await self._stub.Snapshot(

@@ -186,7 +186,7 @@ class Generation:
                 with contextlib.suppress(asyncio.TimeoutError, grpc.aio.AioRpcError):
                     await asyncio.wait_for(self._call.code(), timeout=1.0)
                 self._call.cancel()
-            await self._pipeline.scheduler.complete(self.request.request_id, self.worker_id, outcome.status)
+            await self._pipeline.release(self.request.request_id, self.worker_id, outcome.status)
             logger.info(
                 "request %s %s",
                 self.request.request_id,

@@ -22,13 +22,14 @@ from opentelemetry import trace
 
 from clairvoyant.contracts.v1 import common_pb2, scheduler_pb2, worker_pb2
 from clairvoyant.core.bus import COMPLETIONS_SUBJECT
-from clairvoyant.core.errors import ClairvoyantError, ContextLengthExceeded, Unavailable
+from clairvoyant.core.errors import ClairvoyantError, ContextLengthExceeded, InvalidRequest, Unavailable
 from clairvoyant.core.telemetry import tracer
 from clairvoyant.gateway import metrics
 from clairvoyant.gateway.clients import Annotator, NoAnnotator, SchedulerClient, WorkerPool
 from clairvoyant.gateway.generation import Generation
+from clairvoyant.gateway.leases import HeldPlacements
 from clairvoyant.gateway.models import ModelCatalog, ModelInfo
-from clairvoyant.gateway.records import STATUS_CANCELLED, Outcome, build_record
+from clairvoyant.gateway.records import STATUS_CANCELLED, STATUS_ERROR, Outcome, build_record
 from clairvoyant.gateway.request import CompletionResult, GenerationRequest
 
 logger = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ class Pipeline:
         annotator: Annotator | None = None,
         default_max_tokens: int = 256,
         now: Callable[[], float] = time.time,
+        held: HeldPlacements | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.workers = workers
@@ -59,6 +61,7 @@ class Pipeline:
         self.annotator = annotator or NoAnnotator()
         self.default_max_tokens = default_max_tokens
         self.now = now  # wall clock: CompletionRecord timings are seconds since the epoch
+        self.held = held or HeldPlacements()  # placements from Schedule until Complete, renewed
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(
@@ -97,20 +100,21 @@ class Pipeline:
             request, sampling=replace(request.sampling, max_tokens=self._max_tokens(request, model, estimate))
         )
         annotations = await self.annotator.annotate(request, estimate)
+        # Both messages are encoded while nothing is held: input that cannot go on the wire is
+        # refused here, never after a placement exists.
+        schedule_msg, generate_msg = encode_messages(request, annotations, estimate, self.held.owner)
         excluded: list[str] = []
         while True:
-            placement = await self._schedule(request, annotations, estimate, excluded)
-            scheduled_time = self.now()
-            attempt_span = _tracer.start_span(
-                "gateway.generate", attributes={"cv.worker_id": placement.worker_id}
-            )
-            with trace.use_span(attempt_span, end_on_exit=False):  # the worker's span joins this trace
-                call = self.workers.generate(
-                    placement.worker_address, self._generate_request(request, placement, annotations)
-                )
-            generation = Generation(
-                self, request, placement, call, annotations, scheduled_time, request_span, attempt_span
-            )
+            del schedule_msg.exclude_workers[:]
+            schedule_msg.exclude_workers.extend(excluded)
+            placement = await self._schedule(schedule_msg)
+            # From here until a Generation owns the placement, any failure must release it.
+            self.held.hold(request.request_id, placement.worker_id, placement.lease_s)
+            try:
+                generation = self._attempt(request, placement, annotations, generate_msg, request_span)
+            except BaseException:
+                self.spawn(self.release(request.request_id, placement.worker_id, STATUS_ERROR))
+                raise
             try:
                 await generation.open()
             except Unavailable:
@@ -136,6 +140,30 @@ class Pipeline:
                 raise
             return generation
 
+    def _attempt(
+        self,
+        request: GenerationRequest,
+        placement: scheduler_pb2.Placement,
+        annotations: common_pb2.SysAnnotations | None,
+        generate_msg: worker_pb2.GenerateRequest,
+        request_span: trace.Span,
+    ) -> Generation:
+        """Open the Generate call on the placed worker; the Generation owns the placement."""
+        msg = worker_pb2.GenerateRequest()
+        msg.CopyFrom(generate_msg)
+        msg.base_priority = placement.base_priority
+        msg.scheduler_preset = placement.preset
+        scheduled_time = self.now()
+        attempt_span = _tracer.start_span("gateway.generate", attributes={"cv.worker_id": placement.worker_id})
+        with trace.use_span(attempt_span, end_on_exit=False):  # the worker's span joins this trace
+            call = self.workers.generate(placement.worker_address, msg)
+        return Generation(self, request, placement, call, annotations, scheduled_time, request_span, attempt_span)
+
+    async def release(self, request_id: str, worker_id: str, status: common_pb2.RequestStatus) -> None:
+        """Give the placement back (never raises: the scheduler reclaims what a failed call keeps)."""
+        self.held.drop(request_id)
+        await self.scheduler.complete(request_id, worker_id, status)
+
     def _max_tokens(self, request: GenerationRequest, model: ModelInfo, prompt_estimate: int) -> int:
         asked = request.sampling.max_tokens
         if asked is None:  # the default must not push a short model past its context window
@@ -149,25 +177,7 @@ class Pipeline:
             )
         return asked
 
-    async def _schedule(
-        self,
-        request: GenerationRequest,
-        annotations: common_pb2.SysAnnotations | None,
-        prompt_tokens: int,
-        excluded: list[str],
-    ) -> scheduler_pb2.Placement:
-        msg = scheduler_pb2.ScheduleRequest(
-            request_id=request.request_id,
-            tenant=request.tenant,
-            model=request.model,
-            prompt_tokens=prompt_tokens,
-            max_tokens=request.sampling.max_tokens or 0,
-            exclude_workers=excluded,
-        )
-        if request.app_metadata is not None:
-            msg.app_metadata.CopyFrom(request.app_metadata.to_proto())
-        if annotations is not None:
-            msg.annotations.CopyFrom(annotations)
+    async def _schedule(self, msg: scheduler_pb2.ScheduleRequest) -> scheduler_pb2.Placement:
         with _tracer.start_as_current_span("gateway.schedule") as span:
             try:
                 placement = await self.scheduler.schedule(msg)
@@ -175,38 +185,11 @@ class Pipeline:
                 timed_out = isinstance(exc, Unavailable) and exc.code in ("queue_timeout", "timeout")
                 if timed_out or isinstance(exc, asyncio.CancelledError):
                     # The scheduler may have placed it at the last moment: release whatever it holds.
-                    self.spawn(self.scheduler.complete(request.request_id, "", STATUS_CANCELLED))
+                    self.spawn(self.scheduler.complete(msg.request_id, "", STATUS_CANCELLED))
                 raise
             span.set_attribute("cv.worker_id", placement.worker_id)
             span.set_attribute("cv.queue_wait_s", placement.queue_wait_s)
         return placement
-
-    @staticmethod
-    def _generate_request(
-        request: GenerationRequest,
-        placement: scheduler_pb2.Placement,
-        annotations: common_pb2.SysAnnotations | None,
-    ) -> worker_pb2.GenerateRequest:
-        msg = worker_pb2.GenerateRequest(
-            request_id=request.request_id,
-            model=request.model,
-            sampling=request.sampling.to_proto(),
-            tenant=request.tenant,
-            base_priority=placement.base_priority,
-            scheduler_preset=placement.preset,
-        )
-        if request.chat is not None:
-            turns = [
-                common_pb2.ChatMessage(role=t.role, content=t.content, name=t.name) for t in request.chat
-            ]
-            msg.chat.CopyFrom(worker_pb2.ChatMessages(messages=turns))
-        else:
-            msg.prompt = request.prompt or ""
-        if request.app_metadata is not None:
-            msg.app_metadata.CopyFrom(request.app_metadata.to_proto())
-        if annotations is not None:
-            msg.annotations.CopyFrom(annotations)
-        return msg
 
     async def publish(self, request: GenerationRequest, outcome: Outcome) -> None:
         record = build_record(request, outcome)
@@ -225,6 +208,48 @@ class Pipeline:
         """Wait for pending releases and records (at shutdown)."""
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=timeout_s)
+
+
+def encode_messages(
+    request: GenerationRequest,
+    annotations: common_pb2.SysAnnotations | None,
+    prompt_tokens: int,
+    owner: str,
+) -> tuple[scheduler_pb2.ScheduleRequest, worker_pb2.GenerateRequest]:
+    """The Schedule and Generate messages of ``request`` (the Generate one without its placement's
+    fields).  Raises InvalidRequest for text protobuf cannot encode (a lone UTF-16 surrogate)."""
+    try:
+        schedule = scheduler_pb2.ScheduleRequest(
+            request_id=request.request_id,
+            tenant=request.tenant,
+            model=request.model,
+            prompt_tokens=prompt_tokens,
+            max_tokens=request.sampling.max_tokens or 0,
+            owner=owner,
+        )
+        generate = worker_pb2.GenerateRequest(
+            request_id=request.request_id,
+            model=request.model,
+            sampling=request.sampling.to_proto(),
+            tenant=request.tenant,
+        )
+        if request.chat is not None:
+            turns = [common_pb2.ChatMessage(role=t.role, content=t.content, name=t.name) for t in request.chat]
+            generate.chat.CopyFrom(worker_pb2.ChatMessages(messages=turns))
+        else:
+            generate.prompt = request.prompt or ""
+        if request.app_metadata is not None:
+            schedule.app_metadata.CopyFrom(request.app_metadata.to_proto())
+            generate.app_metadata.CopyFrom(schedule.app_metadata)
+        if annotations is not None:
+            schedule.annotations.CopyFrom(annotations)
+            generate.annotations.CopyFrom(annotations)
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(
+            f"the request holds text that is not valid Unicode ({exc.reason}: {exc.object[exc.start:exc.end]!a})",
+            code="invalid_encoding",
+        ) from None
+    return schedule, generate
 
 
 def _span_attributes(request: GenerationRequest) -> dict[str, str | bool]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -45,9 +46,13 @@ class Gateway:
             now=now,
         )
         self.started_at = int(now())
+        self._renewing: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self.auth.start()
+        self._renewing = asyncio.create_task(
+            self.pipeline.held.renew_forever(self.scheduler), name="gateway-lease-renewal"
+        )
         if isinstance(self.annotator, ProfilerAnnotator):
             self.annotator.connect()
 
@@ -62,6 +67,10 @@ class Gateway:
         return True, f"{sum(m.workers for m in models.values())} worker(s) serving {', '.join(models)}"
 
     async def aclose(self) -> None:
+        if self._renewing is not None:
+            self._renewing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewing
         await self.pipeline.aclose()
         await self.scheduler.close()
         await self.workers.close()

@@ -13,8 +13,9 @@ from clairvoyant.core.bus import WORKER_STATS_WILDCARD, EventBus
 from clairvoyant.core.clock import Clock, SystemClock
 from clairvoyant.core.grpcutil import add_health, mark_serving, new_server
 from clairvoyant.scheduler.config import SchedulerSettings
-from clairvoyant.scheduler.core import GlobalScheduler
+from clairvoyant.scheduler.core import GlobalScheduler, LeaseBook
 from clairvoyant.scheduler.kv_migration import KvMover
+from clairvoyant.scheduler.liveness import WorkerProber
 from clairvoyant.scheduler.service import SchedulerServicer
 
 logger = logging.getLogger(__name__)
@@ -35,10 +36,15 @@ class SchedulerApp:
             queue_retry_after_s=settings.queue_retry_after_s,
             heartbeat_timeout_factor=settings.heartbeat_timeout_factor,
             default_heartbeat_interval_s=settings.default_heartbeat_interval_s,
+            leases=LeaseBook(settings.placement_lease_s, settings.reconcile_grace_s),
         )
         timeout = settings.kv_migration_timeout_s
         self.kv_mover = KvMover(timeout) if timeout > 0 else None
-        self.servicer = SchedulerServicer(self.core, clock or SystemClock(), tracer, kv_mover=self.kv_mover)
+        probe_s = settings.worker_probe_timeout_s
+        self.prober = WorkerProber(probe_s) if probe_s > 0 else None
+        self.servicer = SchedulerServicer(
+            self.core, clock or SystemClock(), tracer, kv_mover=self.kv_mover, prober=self.prober
+        )
         self.bus = EventBus(settings.nats_url, "scheduler", connect_timeout_s=settings.nats_connect_timeout_s)
         self.server = new_server()
         scheduler_pb2_grpc.add_SchedulerServicer_to_server(self.servicer, self.server)
@@ -79,6 +85,8 @@ class SchedulerApp:
         await self.server.stop(self.settings.shutdown_grace_s)
         if self.kv_mover is not None:
             await self.kv_mover.close()
+        if self.prober is not None:
+            await self.prober.close()
         await self.bus.close()
         logger.info("scheduler stopped")
 
@@ -86,6 +94,6 @@ class SchedulerApp:
         while True:
             await asyncio.sleep(self.settings.expiry_interval_s)
             try:
-                self.servicer.expire()
+                await self.servicer.expire()
             except Exception:  # one bad pass must not end liveness checking for good
                 logger.exception("worker expiry failed")

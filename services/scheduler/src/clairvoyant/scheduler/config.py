@@ -29,6 +29,22 @@ class SchedulerSettings(ServiceSettings):
         "past it, or when the move fails, the call recomputes the prefix.  0 turns moving off",
     )
 
+    placement_lease_s: float = Field(
+        30.0, gt=0, description="a placement whose owner (a gateway) stops renewing it is reclaimed after this long"
+    )
+    reconcile_grace_s: float = Field(
+        5.0,
+        ge=0,
+        description="a placement its worker still does not report holding this long after it was made "
+        "(in two reports in a row) is reclaimed",
+    )
+    worker_probe_timeout_s: float = Field(
+        1.0,
+        ge=0,
+        description="a worker whose heartbeats stop is asked for its stats over gRPC, with this deadline, "
+        "before it is expired; 0 expires on silence alone",
+    )
+
     @field_validator("policy")
     @classmethod
     def _known_policy(cls, value: str) -> str:

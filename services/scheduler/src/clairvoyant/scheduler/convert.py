@@ -28,11 +28,13 @@ def queued_request(msg: scheduler_pb2.ScheduleRequest, now: float) -> QueuedRequ
         app_metadata=AppMetadata.from_proto(msg.app_metadata) if msg.HasField("app_metadata") else None,
         annotations=annotations,
         exclude_workers=frozenset(msg.exclude_workers),
+        owner=msg.owner,
     )
 
 
-def placement(decision: Decision, preset: str = "") -> scheduler_pb2.Placement:
-    """``preset``: the scheduler's preset name, which the worker's engine rule follows."""
+def placement(decision: Decision, preset: str = "", lease_s: float = 0.0) -> scheduler_pb2.Placement:
+    """``preset``: the scheduler's preset name, which the worker's engine rule follows; ``lease_s``:
+    how long the placement lives without a Renew (0: it has no lease)."""
     return scheduler_pb2.Placement(
         request_id=decision.request_id,
         worker_id=decision.worker_id,
@@ -40,6 +42,7 @@ def placement(decision: Decision, preset: str = "") -> scheduler_pb2.Placement:
         base_priority=decision.base_priority,
         queue_wait_s=decision.queue_wait_s,
         preset=preset,
+        lease_s=lease_s,
     )
 
 

@@ -21,6 +21,18 @@ PLACEMENTS_FAILED = Counter(
     "Placements lost because their worker stopped heartbeating",
     ["model"],
 )
+# reason: lease_expired (its owner stopped renewing) | unknown_to_worker (its worker never had it)
+PLACEMENTS_RECLAIMED = Counter(
+    "cv_scheduler_placements_reclaimed_total",
+    "Placements released by the scheduler because nobody else did",
+    ["model", "reason"],
+)
+# outcome: answered (alive; its heartbeats were lost) | silent (expired)
+WORKER_PROBES = Counter(
+    "cv_scheduler_worker_probes_total",
+    "Stats calls to workers whose heartbeats stopped, before expiring them",
+    ["outcome"],
+)
 # A label for rejected requests whose model no worker serves: client-chosen names must not grow
 # the label set without bound.
 UNKNOWN_MODEL = "_unknown"

@@ -27,8 +27,9 @@ from clairvoyant.core.telemetry import extract_context
 from clairvoyant.core.telemetry import tracer as get_tracer
 from clairvoyant.scheduler import convert
 from clairvoyant.scheduler import metrics as m
-from clairvoyant.scheduler.core import Decision, GlobalScheduler
+from clairvoyant.scheduler.core import Decision, GlobalScheduler, Reclaimed, WorkerReport
 from clairvoyant.scheduler.kv_migration import KvMove, KvMover
+from clairvoyant.scheduler.liveness import WorkerProber
 
 logger = logging.getLogger(__name__)
 
@@ -47,12 +48,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         tracer: trace.Tracer | None = None,
         *,
         kv_mover: KvMover | None = None,
+        prober: WorkerProber | None = None,
     ) -> None:
-        """``kv_mover``: moves KV for placements that name a ``kv_source``; None: they recompute."""
+        """``kv_mover``: moves KV for placements that name a ``kv_source``; None: they recompute.
+        ``prober``: asks a silent worker for its stats before it is expired; None: silence expires."""
         self.core = core
         self.clock = clock
         self._tracer = tracer or get_tracer(__name__)
         self.kv_mover = kv_mover
+        self.prober = prober
         self._waiters: dict[str, asyncio.Future[Decision]] = {}
         self._sessions: dict[str, tuple[str, str]] = {}  # waiting request -> (tenant, workflow_id)
         self._moving: dict[str, asyncio.Task[None]] = {}  # placed request -> its KV move
@@ -86,7 +90,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 span.set_attribute("cv.base_priority", decision.base_priority)
         if error is not None:
             await abort(context, error)  # outside the span: the abort exception is not a failure of ours
-        return convert.placement(decision, self.core.policy_name)
+        lease_s = self.core.leases.lease_s if self.core.leases is not None else 0.0
+        return convert.placement(decision, self.core.policy_name, lease_s)
 
     async def Complete(
         self, request: scheduler_pb2.CompleteRequest, context: grpc.aio.ServicerContext
@@ -99,6 +104,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if released:
             self._dispatch()
         return scheduler_pb2.CompleteResponse(released=released)
+
+    async def Renew(
+        self, request: scheduler_pb2.RenewRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.RenewResponse:
+        unknown = self.core.renew(request.owner, list(request.request_ids), self.clock.now())
+        return scheduler_pb2.RenewResponse(unknown_request_ids=unknown)
 
     async def Snapshot(
         self, request: scheduler_pb2.SnapshotRequest, context: grpc.aio.ServicerContext
@@ -126,13 +137,34 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if not stats.worker_id or not stats.model:
             logger.warning("worker stats without worker_id or model on %s", msg.subject)
             return
-        if stats.worker_id not in {w.worker_id for w in self.core.workers()}:
-            logger.info("worker %s joined (model %s, %s)", stats.worker_id, stats.model, stats.grpc_address)
-        self.core.update_worker(stats, self.clock.now())
+        self.heard_from(stats)
         self._dispatch()
 
-    def expire(self) -> None:
-        """Drop silent workers; fail the waiters their loss leaves without any worker."""
+    def heard_from(self, stats: worker_pb2.WorkerStats) -> None:
+        """A worker's report (a heartbeat, or its answer to a probe): update it, and release the
+        placements on it that it has not heard of for a while."""
+        if stats.worker_id not in {w.worker_id for w in self.core.workers()}:
+            logger.info("worker %s joined (model %s, %s)", stats.worker_id, stats.model, stats.grpc_address)
+        report = WorkerReport.from_proto(stats)
+        now = self.clock.now()
+        self.core.update_worker(report, now)
+        if report.held_requests is not None:
+            self._log_reclaimed(self.core.reconcile(report.worker_id, report.held_requests, now), report.model)
+
+    async def expire(self) -> None:
+        """Release placements whose lease ran out; ask silent workers whether they are alive, and
+        drop the ones that do not answer, failing the waiters their loss leaves without any worker."""
+        self._log_reclaimed(self.core.reclaim(self.clock.now()))
+        silent = self.core.silent_workers(self.clock.now())
+        if silent and self.prober is not None:
+            answers = await self.prober.stats_of([w.address for w in silent])
+            for worker, stats in zip(silent, answers, strict=True):
+                if stats is not None and stats.worker_id == worker.worker_id:
+                    logger.debug("worker %s missed its heartbeats but answered Stats", worker.worker_id)
+                    m.WORKER_PROBES.labels("answered").inc()
+                    self.heard_from(stats)
+                else:
+                    m.WORKER_PROBES.labels("silent").inc()
         for gone in self.core.expire_workers(self.clock.now()):
             logger.warning(
                 "worker %s expired: %d placements failed, %d queued requests rejected",
@@ -145,7 +177,20 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 waiter = self._waiters.pop(request_id, None)
                 if waiter is not None and not waiter.done():
                     waiter.set_exception(NoWorkers(f"the last worker serving model {gone.model!r} went away"))
-        self._publish_gauges()
+        self._dispatch()  # reclaimed placements and answering workers may have made room
+
+    def _log_reclaimed(self, reclaimed: list[Reclaimed], model: str | None = None) -> None:
+        models = {w.worker_id: w.model for w in self.core.workers()}
+        for gone in reclaimed:
+            logger.warning(
+                "placement of %s on %s reclaimed (%s; owner %r): nobody released it",
+                gone.request_id,
+                gone.worker_id,
+                gone.reason,
+                gone.owner,
+            )
+            label = model or models.get(gone.worker_id, m.UNKNOWN_MODEL)
+            m.PLACEMENTS_RECLAIMED.labels(label, gone.reason).inc()
 
     def close(self) -> None:
         """Refuse new requests and fail the waiting ones, so shutdown does not wait on them."""

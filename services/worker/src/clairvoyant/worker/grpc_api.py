@@ -62,8 +62,18 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def Generate(  # noqa: N802 - gRPC method name
         self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[worker_pb2.GenerateResponse]:
-        parent = extract_context(context.invocation_metadata())
         request_id = request.request_id or f"req-{uuid.uuid4().hex}"
+        self.heartbeat.held_requests.add(request_id)
+        try:
+            async for reply in self._generate(request, request_id, context):
+                yield reply
+        finally:
+            self.heartbeat.held_requests.discard(request_id)
+
+    async def _generate(
+        self, request: worker_pb2.GenerateRequest, request_id: str, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[worker_pb2.GenerateResponse]:
+        parent = extract_context(context.invocation_metadata())
         with _tracer.start_as_current_span("worker.generate", context=parent) as span:
             span.set_attribute("cv.request_id", request_id)
             span.set_attribute("cv.worker_id", self.service.worker_id)

@@ -30,6 +30,9 @@ class Heartbeat:
         self.grpc_address = grpc_address
         self.http_address = http_address
         self.draining = False
+        # Generate calls in progress (the gRPC edge adds and removes them): the scheduler releases
+        # a placement its worker has not heard of for a while.
+        self.held_requests: set[str] = set()
 
     def snapshot(self) -> worker_pb2.WorkerStats:
         stats = self.engine.stats()
@@ -50,6 +53,7 @@ class Heartbeat:
             heartbeat_interval_s=self.settings.heartbeat_interval_s,
             timestamp=time.time(),
             draining=self.draining,
+            held=worker_pb2.HeldRequests(request_ids=sorted(self.held_requests)),
         )
 
     async def run(self, bus: EventBus) -> None:

@@ -11,6 +11,7 @@ from clairvoyant.scheduler.core import saga as saga  # registers the saga preset
 from clairvoyant.scheduler.core import topo as topo  # registers the topo-depth preset
 from clairvoyant.scheduler.core.autellix import KQueueConfig, KQueuePriority, KQueueRule
 from clairvoyant.scheduler.core.global_queue import GlobalScheduler
+from clairvoyant.scheduler.core.leases import Lease, LeaseBook, Reclaimed
 from clairvoyant.scheduler.core.policies import (
     PRESETS,
     PRIORITY_POLICIES,
@@ -50,6 +51,8 @@ __all__ = [
     "KQueueConfig",
     "KQueuePriority",
     "KQueueRule",
+    "Lease",
+    "LeaseBook",
     "LocalRule",
     "PriorityPolicy",
     "ProcessTable",
@@ -58,6 +61,7 @@ __all__ = [
     "ProgramKey",
     "QueueState",
     "QueuedRequest",
+    "Reclaimed",
     "RoutingPolicy",
     "SchedulerPreset",
     "SchedulerSnapshot",

@@ -46,6 +46,7 @@ from clairvoyant.scheduler.core.policies import (
     build_policies,
     eligible_workers,
 )
+from clairvoyant.scheduler.core.leases import LeaseBook, Reclaimed
 from clairvoyant.scheduler.core.process_table import ChangeFeed, ProcessTable, ProgramKey, program_key
 from clairvoyant.scheduler.core.types import (
     Completion,
@@ -108,9 +109,13 @@ class GlobalScheduler:
         heartbeat_timeout_factor: float = 3.0,
         default_heartbeat_interval_s: float = 1.0,
         program_idle_ttl_s: float = 600.0,
+        leases: LeaseBook | None = None,
     ) -> None:
         """``program_idle_ttl_s``: a program with no call in flight leaves the process table after
-        this long without an arrival or completion (or at once when a call says workflow_end)."""
+        this long without an arrival or completion (or at once when a call says workflow_end).
+        ``leases``: when given, every placement holds a lease in it (``renew``, ``reclaim`` and
+        the workers' reports of what they hold bring back placements nobody released); the
+        simulator, which loses no calls, runs without."""
         if max_queue_per_model < 1:
             raise ValueError("max_queue_per_model must be at least 1")
         self.priority_policy = priority
@@ -145,6 +150,7 @@ class GlobalScheduler:
         self._queued_by_program: dict[ProgramKey, dict[str, QueuedRequest]] = {}  # in submission order
         self._queue_feeds: list[ChangeFeed] = []  # ``watch_queued_programs``
         self.programs = ProcessTable(program_idle_ttl_s)
+        self.leases = leases
         for policy in (priority, routing):
             if isinstance(policy, ProgramAware):
                 policy.bind_programs(self.programs)
@@ -240,6 +246,8 @@ class GlobalScheduler:
             return False
         del self._placements[request_id]
         del self._placed_on[held.worker_id][request_id]
+        if self.leases is not None:
+            self.leases.release(request_id)
         worker = self._workers.get(held.worker_id)
         if worker is not None:
             self._workers[worker.worker_id] = worker.with_placed(worker.placed - 1)
@@ -251,6 +259,29 @@ class GlobalScheduler:
                 Completion(held.request, held.worker_id, held.dispatch_time, now, service, output_tokens)
             )
         return True
+
+    def renew(self, owner: str, request_ids: list[str], now: float) -> list[str]:
+        """Extend ``owner``'s leases on these placements; returns the ids it holds none on."""
+        return [] if self.leases is None else self.leases.renew(owner, request_ids, now)
+
+    def reclaim(self, now: float) -> list[Reclaimed]:
+        """Release the placements whose lease ran out (their owner stopped renewing)."""
+        return self._release_reclaimed([] if self.leases is None else self.leases.expired(now))
+
+    def reconcile(self, worker_id: str, held: frozenset[str], now: float) -> list[Reclaimed]:
+        """``worker_id`` holds exactly ``held``: release the placements on it that it has not
+        heard of for a while (``LeaseBook.reconcile``)."""
+        return self._release_reclaimed([] if self.leases is None else self.leases.reconcile(worker_id, held, now))
+
+    def _release_reclaimed(self, reclaimed: list[Reclaimed]) -> list[Reclaimed]:
+        for gone in reclaimed:  # the lease is already released; the placement follows
+            held = self._placements.pop(gone.request_id)
+            del self._placed_on[held.worker_id][gone.request_id]
+            worker = self._workers.get(held.worker_id)
+            if worker is not None:
+                self._workers[worker.worker_id] = worker.with_placed(worker.placed - 1)
+            self.programs.on_cancel(held.request)
+        return reclaimed
 
     def end_workflow(self, tenant: str, workflow_id: str) -> bool:
         """The application says the workflow is over: drop its process-table entry."""
@@ -316,6 +347,8 @@ class GlobalScheduler:
                 worker = self._workers[worker_id]
                 worker = self._workers[worker_id] = worker.with_placed(worker.placed + 1)
                 self._placements[request.request_id] = _Placement(worker_id, request, now)
+                if self.leases is not None:
+                    self.leases.grant(request.request_id, worker_id, request.owner, now)
                 self._placed_on.setdefault(worker_id, {})[request.request_id] = request
                 kv_source = None if self._migrating is None else self._migrating.kv_source(request, worker_id)
                 wait = now - request.arrival_time
@@ -406,6 +439,16 @@ class GlobalScheduler:
             self._observer.observe_worker(report, now)
         return view
 
+    def silent_workers(self, now: float) -> list[WorkerView]:
+        """The workers ``expire_workers`` would remove at ``now``, by id: silent for more than
+        heartbeat_timeout_factor × their heartbeat interval.  (The live adapter asks each one
+        directly before expiring it, so a heartbeat transport outage costs no worker.)"""
+        return [
+            worker
+            for worker in sorted(self._workers.values(), key=lambda w: w.worker_id)
+            if now - worker.last_heartbeat > self.heartbeat_timeout_factor * worker.heartbeat_interval_s
+        ]
+
     def drain(self, worker_id: str, drain: bool = True) -> bool:
         """Stop (or resume) new placements on a worker; existing ones finish.  False if unknown."""
         worker = self._workers.get(worker_id)
@@ -427,15 +470,15 @@ class GlobalScheduler:
         """
         self.programs.expire(now)
         expired: list[ExpiredWorker] = []
-        for worker in sorted(self._workers.values(), key=lambda w: w.worker_id):
-            if now - worker.last_heartbeat <= self.heartbeat_timeout_factor * worker.heartbeat_interval_s:
-                continue
+        for worker in self.silent_workers(now):
             del self._workers[worker.worker_id]
             self._reported_draining.pop(worker.worker_id, None)
             failed = tuple(rid for rid, p in self._placements.items() if p.worker_id == worker.worker_id)
             for rid in failed:
                 self.programs.on_cancel(self._placements.pop(rid).request)
             self._placed_on.pop(worker.worker_id, None)
+            if self.leases is not None:
+                self.leases.forget_worker(worker.worker_id)
             queue = self._queues.get(worker.model, {})
             rejected = tuple(rid for rid, r in queue.items() if not self._can_ever_serve(r))
             for rid in rejected:
@@ -525,6 +568,8 @@ class GlobalScheduler:
             assert set(self._entries) == queued, "a queued request without its heap entry"
         if self._incremental is not None:
             self._check_incremental()
+        if self.leases is not None:
+            self.leases.check_integrity({rid: p.worker_id for rid, p in self._placements.items()})
         self.programs.check_integrity()
 
     def _check_incremental(self) -> None:

@@ -24,6 +24,7 @@ class QueuedRequest:
     # new fields reach them without a change here.  None: un-annotated (reactive tier).
     annotations: common_pb2.SysAnnotations | None = None
     exclude_workers: frozenset[str] = field(default_factory=frozenset)
+    owner: str = ""  # who will use and release the placement (its lease's owner)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,8 @@ class WorkerReport:
     heartbeat_interval_s: float = 0.0  # 0: unknown, the core's default applies
     preemptions_total: int = 0  # cumulative, since the worker started
     block_size: int = 0  # tokens per KV block; 0 = not reported
+    # The requests the worker holds (Generate calls in progress); None: it does not say.
+    held_requests: frozenset[str] | None = None
 
     @classmethod
     def from_proto(cls, stats: worker_pb2.WorkerStats) -> WorkerReport:
@@ -62,6 +65,7 @@ class WorkerReport:
             heartbeat_interval_s=stats.heartbeat_interval_s,
             preemptions_total=stats.preemptions_total,
             block_size=stats.block_size,
+            held_requests=frozenset(stats.held.request_ids) if stats.HasField("held") else None,
         )
 
 
