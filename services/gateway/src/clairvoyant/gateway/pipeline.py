@@ -22,7 +22,15 @@ from opentelemetry import trace
 
 from clairvoyant.contracts.v1 import common_pb2, scheduler_pb2, worker_pb2
 from clairvoyant.core.bus import COMPLETIONS_SUBJECT
-from clairvoyant.core.errors import ClairvoyantError, ContextLengthExceeded, InvalidRequest, Unavailable
+from clairvoyant.core.errors import (
+    ClairvoyantError,
+    ContextLengthExceeded,
+    InvalidRequest,
+    ModelNotFound,
+    NoWorkers,
+    QueueFull,
+    Unavailable,
+)
 from clairvoyant.core.telemetry import tracer
 from clairvoyant.gateway import metrics
 from clairvoyant.gateway.clients import Annotator, NoAnnotator, SchedulerClient, WorkerPool
@@ -34,6 +42,9 @@ from clairvoyant.gateway.request import CompletionResult, GenerationRequest
 
 logger = logging.getLogger(__name__)
 _tracer = tracer(__name__)
+
+# The scheduler's answers that mean it placed nothing.
+_REFUSALS = (QueueFull, NoWorkers, InvalidRequest, ModelNotFound)
 
 
 class RecordSink(Protocol):
@@ -182,9 +193,9 @@ class Pipeline:
             try:
                 placement = await self.scheduler.schedule(msg)
             except BaseException as exc:
-                timed_out = isinstance(exc, Unavailable) and exc.code in ("queue_timeout", "timeout")
-                if timed_out or isinstance(exc, asyncio.CancelledError):
-                    # The scheduler may have placed it at the last moment: release whatever it holds.
+                if not isinstance(exc, _REFUSALS):
+                    # Cancelled, timed out or cut off: the scheduler may have placed it all the same,
+                    # so release whatever it holds (a no-op when it holds nothing).
                     self.spawn(self.scheduler.complete(msg.request_id, "", STATUS_CANCELLED))
                 raise
             span.set_attribute("cv.worker_id", placement.worker_id)
