@@ -3,7 +3,8 @@
 A dead or absent NATS server degrades service instead of hanging it: ``connect`` returns after
 ``connect_timeout`` and keeps retrying in the background; while disconnected, plain events are
 dropped (and counted) and JetStream records wait in a bounded outbox that is flushed, in order,
-once the server is back.
+once the server is back.  Credentials the server refuses degrade the same way, with an error in
+the log (and ``EventBus.last_error``) that says so.
 """
 
 from __future__ import annotations
@@ -11,8 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import nats
 from nats.aio.client import Client
@@ -20,6 +25,8 @@ from nats.aio.msg import Msg
 from nats.js.api import StorageType, StreamConfig
 from prometheus_client import Counter, Gauge
 
+from clairvoyant.core.config import ServiceSettings
+from clairvoyant.core.logs import mask_url
 from clairvoyant.core.telemetry import inject_headers
 
 logger = logging.getLogger(__name__)
@@ -43,6 +50,79 @@ OUTBOX_DEPTH = Gauge("cv_bus_outbox_depth", "JetStream records waiting for NATS 
 Handler = Callable[[Msg], Awaitable[None]]
 
 
+@dataclass(frozen=True)
+class NatsSecurity:
+    """Credentials and TLS for a NATS connection; ``NatsSecurity()`` adds none (a user and password
+    in the URL still apply).  Files are read by nats-py when it connects (and reconnects)."""
+
+    user: str = ""
+    password: str = field(default="", repr=False)
+    token: str = field(default="", repr=False)
+    nkey_seed_file: str = ""  # an nkeys user seed (SU...): the server knows the public key
+    creds_file: str = ""  # a user JWT and its seed (decentralised auth)
+    tls_ca: str = ""  # verifies the server; empty: system roots
+    tls_cert: str = ""  # client certificate, for servers that verify clients
+    tls_key: str = ""
+    tls_server_name: str = ""  # expected in the server's certificate instead of the URL's host
+
+    @classmethod
+    def from_settings(cls, settings: ServiceSettings) -> NatsSecurity:
+        return cls(
+            user=settings.nats_user,
+            password=settings.nats_password.get_secret_value() if settings.nats_password else "",
+            token=settings.nats_token.get_secret_value() if settings.nats_token else "",
+            nkey_seed_file=settings.nats_nkey_seed_file,
+            creds_file=settings.nats_creds_file,
+            tls_ca=settings.nats_tls_ca,
+            tls_cert=settings.nats_tls_cert,
+            tls_key=settings.nats_tls_key,
+            tls_server_name=settings.nats_tls_server_name,
+        )
+
+    def uses_tls(self, url: str) -> bool:
+        return url.startswith("tls://") or bool(self.tls_ca or self.tls_cert)
+
+    def connect_options(self, url: str) -> dict[str, Any]:
+        """Keyword arguments for ``nats.connect(url, ...)``."""
+        options: dict[str, Any] = {}
+        if self.user:
+            options.update(user=self.user, password=self.password)
+        if self.token:
+            options["token"] = self.token
+        if self.creds_file:
+            options["user_credentials"] = self.creds_file
+        elif self.nkey_seed_file:
+            options["nkeys_seed"] = self.nkey_seed_file
+        if self.uses_tls(url):
+            context = ssl.create_default_context(cafile=self.tls_ca or None)
+            if self.tls_cert:
+                context.load_cert_chain(self.tls_cert, self.tls_key)
+            options["tls"] = context
+            if self.tls_server_name:
+                options["tls_hostname"] = self.tls_server_name
+        return options
+
+    def secrets(self) -> list[str]:
+        """What must never be logged: the password, the token and the nkeys seeds."""
+        seeds = []
+        for path in (self.nkey_seed_file, self.creds_file):
+            if path:
+                text = Path(path).read_text()
+                seeds += [line.strip() for line in text.splitlines() if line.strip().startswith("SU")]
+        return [value for value in (self.password, self.token, *seeds) if value]
+
+
+_process_security = NatsSecurity()
+
+
+def configure_nats(security: NatsSecurity) -> NatsSecurity:
+    """Make ``security`` what an ``EventBus`` given none uses; returns it.  Called once at a
+    service's start (``clairvoyant.core.security.configure``)."""
+    global _process_security
+    _process_security = security
+    return security
+
+
 class EventBus:
     """One NATS connection per process.  Safe to use before (or without) a server."""
 
@@ -54,10 +134,15 @@ class EventBus:
         connect_timeout_s: float = 2.0,
         outbox_limit: int = 10_000,
         streams: dict[str, tuple[str, ...]] | None = None,
+        security: NatsSecurity | None = None,
     ) -> None:
         """``streams``: JetStream streams (name -> subjects) this process publishes to; they are
-        created if missing on every (re)connect, before the outbox is flushed."""
+        created if missing on every (re)connect, before the outbox is flushed.  ``security``:
+        credentials and TLS (default: the process's, as set by ``configure_nats`` when the bus
+        connects)."""
         self.url = url
+        self.security = security
+        self.last_error = ""  # why the last connection attempt failed, for operators and tests
         self.streams = dict(streams or {})
         self.name = name
         self.connect_timeout_s = connect_timeout_s
@@ -77,17 +162,24 @@ class EventBus:
         self._flusher = asyncio.create_task(self._flush_forever())
         if await self._try_connect():
             return True
-        logger.warning("NATS at %s unreachable; running degraded and retrying", self.url)
+        logger.warning("NATS at %s unreachable; running degraded and retrying", mask_url(self.url))
         self._retry_task = asyncio.create_task(self._retry_forever())
         return False
 
     async def _try_connect(self) -> bool:
+        security = self.security if self.security is not None else _process_security
+        try:
+            options = security.connect_options(self.url)
+        except (OSError, ValueError) as exc:  # e.g. a TLS file that cannot be read
+            self._fail(f"NATS TLS settings unusable: {exc}")
+            return False
         try:
             # nats-py retries a failing *first* connect forever when reconnects are allowed, so
             # the first attempt gets a hard deadline of its own.
             self._nc = await asyncio.wait_for(
                 nats.connect(
                     self.url,
+                    **options,
                     name=self.name,
                     connect_timeout=max(1, int(self.connect_timeout_s)),
                     allow_reconnect=True,
@@ -102,7 +194,8 @@ class EventBus:
         except (OSError, TimeoutError, nats.errors.Error) as exc:
             logger.debug("NATS connect failed: %s", exc)
             return False
-        logger.info("connected to NATS at %s", self.url)
+        self.last_error = ""
+        logger.info("connected to NATS at %s", mask_url(self.url))
         for subject, handler in self._subscriptions:
             await self._nc.subscribe(subject, cb=handler)
         await self._ensure_streams()
@@ -129,7 +222,22 @@ class EventBus:
             await asyncio.sleep(1.0)
 
     async def _on_error(self, exc: Exception) -> None:
-        logger.debug("NATS error: %s", exc)
+        if isinstance(exc, nats.errors.AuthorizationError) or "authorization" in str(exc).lower():
+            self._fail(
+                f"NATS at {mask_url(self.url)} refused this service's credentials (authorization "
+                "violation): check CV_NATS_USER/CV_NATS_PASSWORD, CV_NATS_TOKEN, CV_NATS_NKEY_SEED_FILE "
+                "or CV_NATS_CREDS_FILE and the server's authorization block"
+            )
+        elif isinstance(exc, ssl.SSLError):
+            self._fail(f"TLS with NATS at {mask_url(self.url)} failed: {exc}")
+        else:
+            logger.debug("NATS error: %s", exc)
+
+    def _fail(self, reason: str) -> None:
+        """Log a connection failure an operator must act on, once until it changes."""
+        if reason != self.last_error:
+            logger.error("%s", reason)
+        self.last_error = reason
 
     async def _on_disconnect(self) -> None:
         logger.warning("disconnected from NATS")

@@ -27,7 +27,9 @@ from typing import Any
 import grpc
 
 from clairvoyant.contracts.v1 import scheduler_pb2, scheduler_pb2_grpc
-from clairvoyant.core.logs import setup_logging
+from clairvoyant.core.config import ServiceSettings
+from clairvoyant.core.grpcutil import GrpcTls, sync_channel
+from clairvoyant.core.logs import mask_url, setup_logging
 from clairvoyant.core.natsserver import NatsServer, free_port, free_ports, port_open
 
 logger = logging.getLogger("clairvoyant.stack")
@@ -115,12 +117,13 @@ class Stack:
         self.scheduler_address = ""
         self.profiler_address = ""
         self.worker_http_urls: list[str] = []
+        self._grpc_tls = GrpcTls()
 
     def start(self, ready_timeout: float = 180.0) -> Stack:
         cfg = self.config
         cfg.var_dir.mkdir(parents=True, exist_ok=True)
         if cfg.nats_url:
-            logger.info("using the NATS server at %s (CV_NATS_URL)", cfg.nats_url)
+            logger.info("using the NATS server at %s (CV_NATS_URL)", mask_url(cfg.nats_url))
         else:
             self.nats = NatsServer(cfg.var_dir / "nats", port=_pick(4222, "nats")).start()
             self.nats_url = self.nats.url
@@ -132,6 +135,7 @@ class Stack:
         self.scheduler_address = f"127.0.0.1:{scheduler_port}"
         base = {**os.environ, **cfg.env, "CV_NATS_URL": self.nats_url, "CV_HOST": "127.0.0.1"}
         base.pop("CV_ADVERTISE_HOST", None)
+        self._grpc_tls = GrpcTls.from_settings(ServiceSettings.from_environ(base))  # as the services serve
         scheduler_env = {"CV_SCHEDULER_PORT": str(scheduler_port),
                          "CV_METRICS_PORT": str(_pick(cfg.scheduler_metrics_port, "scheduler metrics"))}
         if cfg.policy:
@@ -169,7 +173,7 @@ class Stack:
     def _wait_ready(self, timeout: float) -> None:
         """Until the gateway answers and the scheduler has seen every worker's heartbeat."""
         deadline = time.monotonic() + timeout
-        with grpc.insecure_channel(self.scheduler_address) as channel:
+        with sync_channel(self.scheduler_address, self._grpc_tls) as channel:
             stub = scheduler_pb2_grpc.SchedulerStub(channel)
             while True:
                 dead = self.dead_child()

@@ -16,8 +16,9 @@ import grpc
 import uvicorn
 from sqlalchemy.exc import SQLAlchemyError
 
+from clairvoyant.core import security
 from clairvoyant.core.bus import COMPLETIONS_STREAM, COMPLETIONS_SUBJECT, EventBus
-from clairvoyant.core.grpcutil import mark_serving
+from clairvoyant.core.grpcutil import bind, mark_serving
 from clairvoyant.core.logs import setup_logging
 from clairvoyant.core.telemetry import setup_tracing
 from clairvoyant.gateway.config import GatewaySettings
@@ -43,6 +44,7 @@ class GatewayServer:
 
     def __init__(self, settings: GatewaySettings, records: RecordSink) -> None:
         self.settings = settings
+        self._tls = security.configure(settings)  # first: the clients open their channels below
         self.gateway = Gateway(settings, records)
         config = uvicorn.Config(
             create_app(settings, self.gateway),
@@ -61,9 +63,7 @@ class GatewayServer:
 
     async def start(self) -> None:
         await self.gateway.start()
-        self.grpc_port = self._grpc.add_insecure_port(
-            f"{self.settings.host}:{self.settings.gateway_grpc_port}"
-        )
+        self.grpc_port = bind(self._grpc, f"{self.settings.host}:{self.settings.gateway_grpc_port}", self._tls)
         await self._grpc.start()
         self._http_task = asyncio.create_task(self._http.serve())
         while not self._http.started:

@@ -7,9 +7,10 @@ import contextlib
 import logging
 
 from clairvoyant.contracts.v1 import profiler_pb2, profiler_pb2_grpc
+from clairvoyant.core import security
 from clairvoyant.core.bus import COMPLETIONS_STREAM, COMPLETIONS_SUBJECT, EventBus
 from clairvoyant.core.clock import Clock
-from clairvoyant.core.grpcutil import add_health, mark_serving, new_server
+from clairvoyant.core.grpcutil import add_health, bind, mark_serving, new_server
 from clairvoyant.profiler import metrics as m
 from clairvoyant.profiler.config import ProfilerSettings
 from clairvoyant.profiler.consumer import CompletionConsumer, Learner, WallClock
@@ -81,7 +82,8 @@ class ProfilerService:
             len(restored.profiles), sum(item.replayed for item in restored.profiles),
         )
         self.consumer = CompletionConsumer(self.bus, learner, self.repository, self.settings, self.clock)
-        self.port = self.server.add_insecure_port(f"{self.settings.host}:{self.settings.profiler_port}")
+        tls = security.configure(self.settings)  # the bus connects with its credentials too
+        self.port = bind(self.server, f"{self.settings.host}:{self.settings.profiler_port}", tls)
         await self.server.start()
         # In the background: with a dead server, the first connect keeps retrying; the consumer
         # waits for the bus, and Annotate answers from memory meanwhile.

@@ -9,9 +9,10 @@ import logging
 from opentelemetry import trace
 
 from clairvoyant.contracts.v1 import scheduler_pb2, scheduler_pb2_grpc
+from clairvoyant.core import security
 from clairvoyant.core.bus import WORKER_STATS_WILDCARD, EventBus
 from clairvoyant.core.clock import Clock, SystemClock
-from clairvoyant.core.grpcutil import add_health, mark_serving, new_server
+from clairvoyant.core.grpcutil import add_health, bind, mark_serving, new_server
 from clairvoyant.scheduler.config import SchedulerSettings
 from clairvoyant.scheduler.core import GlobalScheduler, LeaseBook
 from clairvoyant.scheduler.kv_migration import KvMover
@@ -59,7 +60,8 @@ class SchedulerApp:
         return f"{self.settings.advertised()}:{self.port}"
 
     async def start(self) -> None:
-        self.port = self.server.add_insecure_port(f"{self.settings.host}:{self.settings.scheduler_port}")
+        tls = security.configure(self.settings)  # KV moves' channels and the bus follow it too
+        self.port = bind(self.server, f"{self.settings.host}:{self.settings.scheduler_port}", tls)
         await self.server.start()
         # Subscribing first means the bus (re)subscribes on every successful connect, including a
         # late one after NATS comes up: a dead NATS degrades the scheduler instead of stopping it.

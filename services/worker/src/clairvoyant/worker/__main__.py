@@ -17,8 +17,9 @@ import torch
 import uvicorn
 
 from clairvoyant.contracts.v1 import worker_pb2_grpc
+from clairvoyant.core import security
 from clairvoyant.core.bus import EventBus
-from clairvoyant.core.grpcutil import add_health, mark_serving, new_server
+from clairvoyant.core.grpcutil import add_health, bind, mark_serving, new_server
 from clairvoyant.core.logs import setup_logging
 from clairvoyant.core.registry import Registry
 from clairvoyant.core.telemetry import setup_tracing
@@ -98,8 +99,9 @@ async def serve(settings: WorkerSettings) -> None:
     engine.start()
     worker_id = settings.resolved_worker_id()
 
+    tls = security.configure(settings)  # the bus connects with its credentials too
     server = new_server()
-    port = server.add_insecure_port(f"{settings.host}:{settings.worker_grpc_port}")
+    port = bind(server, f"{settings.host}:{settings.worker_grpc_port}", tls)
     grpc_address = f"{settings.advertised()}:{port}"
     http_address = f"http://{settings.advertised()}:{settings.worker_http_port}" if settings.worker_http_port else ""
     heartbeat = Heartbeat(settings, runner, engine, grpc_address, http_address)
