@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 from sqlalchemy.engine import make_url
 
 from clairvoyant.core.config import ServiceSettings
+from clairvoyant.gateway.openai_api import DEFAULT_LIMITS, InputLimits
 
 
 class GatewaySettings(ServiceSettings):
@@ -30,6 +31,22 @@ class GatewaySettings(ServiceSettings):
     )
     database_url: str = Field(default="sqlite:///var/gateway.db", description="API keys (SQLAlchemy URL)")
     max_request_bytes: int = Field(default=1_048_576, gt=0, description="larger bodies get 413")
+    max_json_depth: int = Field(
+        default=64, ge=4, description="deepest nesting of arrays and objects in a body (content parts need 4)"
+    )
+    max_string_chars: int = Field(
+        default=DEFAULT_LIMITS.max_string_chars,  # 524,288: about 128K tokens
+        gt=0,
+        description="longest string (or object key) in a body, in characters",
+    )
+    max_messages: int = Field(
+        default=DEFAULT_LIMITS.max_messages, gt=0, description="most messages a chat request may carry (2048)"
+    )
+    max_stop_sequences: int = Field(
+        default=DEFAULT_LIMITS.max_stop_sequences,
+        ge=0,
+        description="most stop sequences a request may set (4)",
+    )
     max_tokens_limit: int = Field(
         default=32768, gt=0, description="the largest max_tokens a request may ask for"
     )
@@ -61,6 +78,13 @@ class GatewaySettings(ServiceSettings):
             raise ValueError("default_max_tokens must not exceed max_tokens_limit")
         make_url(self.database_url)  # fail at start on a malformed URL, not at the first request
         return self
+
+    def input_limits(self) -> InputLimits:
+        return InputLimits(
+            max_string_chars=self.max_string_chars,
+            max_messages=self.max_messages,
+            max_stop_sequences=self.max_stop_sequences,
+        )
 
     def sqlite_path(self) -> Path | None:
         """The SQLite file behind ``database_url`` (None for other databases or in-memory SQLite)."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import uuid
@@ -24,16 +23,19 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from clairvoyant.core.errors import ClairvoyantError, InvalidRequest, PayloadTooLarge
 from clairvoyant.core.telemetry import extract_context
 from clairvoyant.gateway.config import GatewaySettings
+from clairvoyant.gateway.json_input import decode_json, format_param
 from clairvoyant.gateway.metrics import RequestCounter
-from clairvoyant.gateway.openai_api import (
-    ChatCompletionBody,
-    CompletionBody,
-    format_param,
-    to_request,
-    validate_body,
-)
+from clairvoyant.gateway.openai_api import ChatCompletionBody, CompletionBody, to_request, validate_body
+from clairvoyant.gateway.openapi_doc import add_body_schemas, error_responses, generated, json_body
 from clairvoyant.gateway.request import Endpoint
-from clairvoyant.gateway.responses import ModelCard, ModelList, chat_completion, text_completion
+from clairvoyant.gateway.responses import (
+    ChatCompletionOut,
+    ModelCard,
+    ModelList,
+    TextCompletionOut,
+    chat_completion,
+    text_completion,
+)
 from clairvoyant.gateway.runtime import Gateway
 from clairvoyant.gateway.sse import chat_events, text_events
 
@@ -52,8 +54,9 @@ def error_response(err: ClairvoyantError) -> JSONResponse:
     return JSONResponse(err.to_openai(), status_code=err.http_status, headers=headers)
 
 
-async def read_json(request: Request, limit: int) -> object:
-    """The decoded JSON body; 400 for a wrong content type or bad JSON, 413 past ``limit`` bytes."""
+async def read_json(request: Request, limit: int, max_depth: int) -> object:
+    """The decoded JSON body; 400 for a wrong content type or bad JSON (see ``decode_json``), 413
+    past ``limit`` bytes."""
     media = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     if media != "application/json":
         raise InvalidRequest(
@@ -68,10 +71,7 @@ async def read_json(request: Request, limit: int) -> object:
         body += piece
         if len(body) > limit:
             raise too_large
-    try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"the body is not valid JSON: {exc}", code="invalid_json") from None
+    return decode_json(bytes(body), max_depth)
 
 
 async def until_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T | None:
@@ -98,9 +98,17 @@ async def until_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> 
     return None if task.cancelled() else task.result()
 
 
+class GatewayAPI(FastAPI):
+    def openapi(self) -> dict[str, Any]:
+        if self.openapi_schema is None:  # built once, then cached by FastAPI
+            add_body_schemas(super().openapi(), (ChatCompletionBody, CompletionBody))
+        return super().openapi()
+
+
 def create_app(settings: GatewaySettings, deps: Gateway) -> FastAPI:
-    app = FastAPI(title="Clairvoyant gateway", summary="OpenAI-compatible API for agent workflows")
+    app = GatewayAPI(title="Clairvoyant gateway", summary="OpenAI-compatible API for agent workflows")
     app.add_middleware(RequestCounter)
+    limits = settings.input_limits()
 
     @app.exception_handler(ClairvoyantError)
     async def on_error(request: Request, err: ClairvoyantError) -> Response:
@@ -127,10 +135,12 @@ def create_app(settings: GatewaySettings, deps: Gateway) -> FastAPI:
     async def generate(request: Request, endpoint: Endpoint) -> Response:
         arrival = deps.pipeline.now()
         tenant = await deps.auth.authenticate(request.headers.get("authorization"))
-        raw = await read_json(request, settings.max_request_bytes)
+        raw = await read_json(request, settings.max_request_bytes, settings.max_json_depth)
         chat = endpoint == "chat.completions"
         body: ChatCompletionBody | CompletionBody = (
-            validate_body(raw, ChatCompletionBody) if chat else validate_body(raw, CompletionBody)
+            validate_body(raw, ChatCompletionBody, limits)
+            if chat
+            else validate_body(raw, CompletionBody, limits)
         )
         req = to_request(
             body,
@@ -162,15 +172,30 @@ def create_app(settings: GatewaySettings, deps: Gateway) -> FastAPI:
             background=BackgroundTask(generation.close),
         )
 
-    @app.post("/v1/chat/completions")
+    refusals = error_responses(400, 401, 404, 413, 429, 500, 503)
+
+    @app.post(
+        "/v1/chat/completions",
+        openapi_extra=json_body(ChatCompletionBody),
+        responses={**generated(ChatCompletionOut), **refusals},
+    )
     async def chat_completions(request: Request) -> Response:
         return await generate(request, "chat.completions")
 
-    @app.post("/v1/completions")
+    @app.post(
+        "/v1/completions",
+        openapi_extra=json_body(CompletionBody),
+        responses={**generated(TextCompletionOut), **refusals},
+    )
     async def completions(request: Request) -> Response:
-        return await generate(request, "completions")
+        try:
+            return await generate(request, "completions")
+        except InvalidRequest as err:
+            if err.param == "messages":  # the worker names any prompt so ("the prompt is too long")
+                err.param = "prompt"
+            raise
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses={200: {"model": ModelList}, **error_responses(401, 500, 503)})
     async def list_models(request: Request) -> Response:
         await deps.auth.authenticate(request.headers.get("authorization"))
         models = await deps.models.models()

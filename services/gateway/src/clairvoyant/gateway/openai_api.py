@@ -1,21 +1,33 @@
 """The OpenAI request bodies, validated strictly, and their conversion to a ``GenerationRequest``.
 
 Unknown fields are ignored, as OpenAI does; a known field of the wrong type or out of range is a
-400 naming the parameter.  ``app_metadata`` may sit at the top level (the OpenAI SDK merges
-``extra_body`` there) or, for clients that nest it literally, under ``extra_body``.
+400 naming the parameter, and so is any string past ``InputLimits`` or holding a lone surrogate.
+``app_metadata`` may sit at the top level (the OpenAI SDK merges ``extra_body`` there) or, for
+clients that nest it literally, under ``extra_body``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from clairvoyant.core.app_metadata import parse_app_metadata
 from clairvoyant.core.errors import InvalidRequest
+from clairvoyant.gateway.json_input import check_strings, format_param
+from clairvoyant.gateway.openapi_doc import APP_METADATA_SCHEMA, CONTENT_SCHEMA, PROMPT_SCHEMA, STOP_SCHEMA
 from clairvoyant.gateway.request import ChatTurn, Endpoint, GenerationRequest, Sampling
 
-MAX_STOP = 4
+
+class InputLimits(NamedTuple):
+    """Caps on a decoded body (GatewaySettings' ``max_string_chars`` and friends)."""
+
+    max_string_chars: int = 524_288
+    max_messages: int = 2048
+    max_stop_sequences: int = 4
+
+
+DEFAULT_LIMITS = InputLimits()
 
 
 class _Strict(BaseModel):
@@ -29,7 +41,7 @@ class StreamOptions(_Strict):
 
 class ChatMessageIn(_Strict):
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: Any = None
+    content: Annotated[Any, CONTENT_SCHEMA] = None
     name: str | None = None
 
     @field_validator("content")
@@ -58,15 +70,15 @@ class _GenerationBody(_Strict):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    stop: Any = None  # a string or a list of up to four (checked below, for a clean error location)
-    seed: int | None = None
+    stop: Annotated[Any, STOP_SCHEMA] = None  # a string or a list of them (checked below)
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)  # an int64 on the wire
     n: int | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = None
     min_tokens: int | None = Field(default=None, ge=0)
     user: str | None = None  # accepted and ignored: the tenant comes from the API key
-    app_metadata: Any = None  # validated by core.app_metadata.parse_app_metadata
+    app_metadata: Annotated[Any, APP_METADATA_SCHEMA] = None  # validated by parse_app_metadata
     echo_annotations: bool | None = None
 
     @field_validator("stop")
@@ -75,8 +87,6 @@ class _GenerationBody(_Strict):
         stops = [value] if isinstance(value, str) else value if value is not None else []
         if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
             raise ValueError("must be a non-empty string or a list of them")
-        if len(stops) > MAX_STOP:
-            raise ValueError(f"at most {MAX_STOP} stop sequences are allowed")
         return tuple(stops)
 
     @field_validator("n")
@@ -96,6 +106,10 @@ class _GenerationBody(_Strict):
                 f"{param} must be at most {max_tokens_limit}", param=param, code="invalid_value"
             )
         min_tokens = self.min_tokens or 0
+        if min_tokens > max_tokens_limit:
+            raise InvalidRequest(
+                f"min_tokens must be at most {max_tokens_limit}", param="min_tokens", code="invalid_value"
+            )
         if max_tokens is not None and min_tokens > max_tokens:
             raise InvalidRequest(
                 f"min_tokens must not exceed {param}", param="min_tokens", code="invalid_value"
@@ -136,7 +150,7 @@ class ChatCompletionBody(_GenerationBody):
 
 
 class CompletionBody(_GenerationBody):
-    prompt: Any = Field()  # required; a string or a list of exactly one string
+    prompt: Annotated[Any, PROMPT_SCHEMA] = Field()  # required; a string or a list of exactly one
 
     @field_validator("prompt")
     @classmethod
@@ -145,14 +159,20 @@ class CompletionBody(_GenerationBody):
             value = value[0]
         if not isinstance(value, str):
             raise ValueError("must be a string or a list of exactly one string")
+        if not value:
+            raise ValueError("must not be empty")
         return value
 
 
 Body = TypeVar("Body", bound=_GenerationBody)
 
 
-def validate_body(raw: object, model: type[Body]) -> Body:
-    """Validate a decoded JSON body.  Raises InvalidRequest naming the first offending parameter."""
+def validate_body(raw: object, model: type[Body], limits: InputLimits = DEFAULT_LIMITS) -> Body:
+    """Validate a decoded JSON body.  Raises InvalidRequest naming the first offending parameter.
+
+    Every string in the body, used or not, is checked first: a lone surrogate would otherwise only
+    fail where the request is encoded for the worker, after it was scheduled."""
+    check_strings(raw, limits.max_string_chars)
     if not isinstance(raw, dict):
         raise InvalidRequest("the request body must be a JSON object", code="invalid_body")
     nested = raw.get("extra_body")
@@ -161,6 +181,14 @@ def validate_body(raw: object, model: type[Body]) -> Body:
             raise InvalidRequest("extra_body must be an object", param="extra_body", code="invalid_type")
         # Fields nested literally under extra_body count as top-level ones; the top level wins.
         raw = {**raw, **{k: v for k, v in nested.items() if raw.get(k) is None}}
+    for param, most in (("messages", limits.max_messages), ("stop", limits.max_stop_sequences)):
+        items = raw.get(param)
+        if param in model.model_fields and isinstance(items, list) and len(items) > most:
+            raise InvalidRequest(
+                f"{param} has {len(items)} items; at most {most} are allowed",
+                param=param,
+                code="array_above_max_length",
+            )
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
@@ -176,14 +204,6 @@ def invalid_request(exc: ValidationError) -> InvalidRequest:
         return InvalidRequest(f"{param} is required", param=param, code="missing_required_parameter")
     code = "invalid_type" if kind.endswith("_type") or kind == "model_type" else "invalid_value"
     return InvalidRequest(f"invalid {param}: {message}", param=param, code=code)
-
-
-def format_param(loc: tuple[int | str, ...]) -> str:
-    """("messages", 0, "role") -> "messages[0].role", as OpenAI names parameters."""
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "body"
 
 
 def to_request(

@@ -1,4 +1,5 @@
-"""The OpenAI response shapes: chat.completion(.chunk), text_completion and the model list."""
+"""The OpenAI response shapes: chat.completion(.chunk), text_completion, the model list and the
+error object."""
 
 from __future__ import annotations
 
@@ -109,6 +110,19 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class ErrorObject(BaseModel):
+    message: str
+    type: str  # invalid_request_error, authentication_error, not_found_error, rate_limit_error, ...
+    param: str | None  # the offending parameter, as OpenAI names it: "messages[0].content"
+    code: str | None  # machine-readable: "invalid_value", "context_length_exceeded", ...
+
+
+class ErrorOut(BaseModel):
+    """Every refusal and failure, whatever its status."""
+
+    error: ErrorObject
 
 
 def chat_id(request_id: str) -> str:
