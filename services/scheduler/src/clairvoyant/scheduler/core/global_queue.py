@@ -33,6 +33,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from clairvoyant.contracts.v1 import worker_pb2
 from clairvoyant.core.errors import InvalidRequest, NoWorkers, QueueFull
+from clairvoyant.scheduler.core.leases import LeaseBook, Reclaimed
 from clairvoyant.scheduler.core.policies import (
     EngineQueued,
     EngineRanked,
@@ -46,7 +47,6 @@ from clairvoyant.scheduler.core.policies import (
     build_policies,
     eligible_workers,
 )
-from clairvoyant.scheduler.core.leases import LeaseBook, Reclaimed
 from clairvoyant.scheduler.core.process_table import ChangeFeed, ProcessTable, ProgramKey, program_key
 from clairvoyant.scheduler.core.types import (
     Completion,
