@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import nats
 import openai
 import pytest
@@ -144,3 +145,18 @@ async def test_serving_continues_through_a_nats_outage_and_no_record_is_lost(out
     expected = {request_id for ok in load.ok.values() for request_id, _ in ok}
     recorded = await recorded_ids(outage.nats.url, expected, timeout_s=30.0)
     assert expected - recorded == set(), f"{len(expected - recorded)} completion records lost"
+    # The profiler's durable consumer catches up on everything once NATS is back.
+    metrics_url = f"http://127.0.0.1:{stack.config.profiler_metrics_port}/metrics"
+    deadline = time.monotonic() + 30.0
+    while (learned := await profiler_accepted(metrics_url)) < len(expected):
+        assert time.monotonic() < deadline, f"the profiler learned {learned} of {len(expected)} records"
+        await asyncio.sleep(0.5)
+
+
+async def profiler_accepted(metrics_url: str) -> float:
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(metrics_url, timeout=5)).text
+    for line in text.splitlines():
+        if line.startswith('cv_profiler_records_total{outcome="accepted"}'):
+            return float(line.split()[-1])
+    return 0.0
