@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,8 +25,8 @@ from clairvoyant.core.bus import (
 )
 from clairvoyant.core.config import ServiceSettings
 from clairvoyant.core.grpcutil import GrpcTls, configure_tls
-from clairvoyant.core.natsserver import find_nats_server, free_port, port_open
 from tests.core.certs import CertFiles, TestCA
+from tests.core.secure_nats import secure_nats_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -66,39 +64,10 @@ def secure_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureNats
     either the user/password or the nkey."""
     directory = tmp_path_factory.mktemp("secure-nats")
     ca = TestCA(directory / "ca")
-    server, client = ca.issue("nats"), ca.issue("service")
     seed_file, seed, public = _nkey_user(directory)
-    port = free_port()
-    config = directory / "nats.conf"
-    config.write_text(f"""
-listen: "127.0.0.1:{port}"
-jetstream {{ store_dir: "{directory / 'js'}" }}
-tls {{
-  cert_file: "{server.cert}"
-  key_file: "{server.key}"
-  ca_file: "{ca.cert}"
-  verify: true
-  timeout: 2
-}}
-authorization {{
-  users: [
-    {{ user: "{USER}", password: "{PASSWORD}" }}
-    {{ nkey: "{public}" }}
-  ]
-}}
-""")
-    process = subprocess.Popen([find_nats_server(), "-c", str(config)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 10
-    while not port_open("127.0.0.1", port):
-        assert process.poll() is None, process.stderr.read().decode() if process.stderr else "nats-server exited"
-        assert time.monotonic() < deadline, "nats-server did not start"
-        time.sleep(0.05)
-    try:
-        yield SecureNats(f"nats://127.0.0.1:{port}", ca, client, seed_file, seed)
-    finally:
-        process.terminate()
-        process.wait(5)
+    users = [f'{{ user: "{USER}", password: "{PASSWORD}" }}', f'{{ nkey: "{public}" }}']
+    with secure_nats_server(directory, ca, users) as url:
+        yield SecureNats(url, ca, ca.issue("service"), seed_file, seed)
 
 
 @pytest.fixture(autouse=True)
