@@ -243,6 +243,7 @@ class EventBus:
         logger.warning("disconnected from NATS")
 
     async def _on_reconnect(self) -> None:
+        self.last_error = ""
         logger.info("reconnected to NATS")
         await self._ensure_streams()
         await self._flush_outbox()
