@@ -138,26 +138,31 @@ def catalogue(model: str) -> list[Refusal]:
         # What a fuzzer working from the schema does not write: text that is not Unicode, bytes
         # that are not UTF-8, bodies past the input limits.
         Refusal(
-            "lone surrogate in content", user(f"a{LONE}b"), 400, bad, "invalid_unicode", "messages[0].content"
+            "lone surrogate in content",
+            user(f"a{LONE}b"),
+            400,
+            bad,
+            "invalid_encoding",
+            "messages[0].content",
         ),
         Refusal(
             "lone surrogate in a text part",
             user([{"type": "text", "text": "fine"}, {"type": "text", "text": "\udfff"}]),
             400,
             bad,
-            "invalid_unicode",
+            "invalid_encoding",
             "messages[0].content[1].text",
         ),
         Refusal(
-            "lone surrogate in name", user("hi", name=LONE), 400, bad, "invalid_unicode", "messages[0].name"
+            "lone surrogate in name", user("hi", name=LONE), 400, bad, "invalid_encoding", "messages[0].name"
         ),
-        Refusal("lone surrogate in stop", body(stop=["ok", LONE]), 400, bad, "invalid_unicode", "stop[1]"),
+        Refusal("lone surrogate in stop", body(stop=["ok", LONE]), 400, bad, "invalid_encoding", "stop[1]"),
         Refusal(
             "lone surrogate in app_metadata",
             body(app_metadata={**META, "agent_id": LONE}),
             400,
             bad,
-            "invalid_unicode",
+            "invalid_encoding",
             "app_metadata.agent_id",
         ),
         Refusal(
@@ -165,11 +170,11 @@ def catalogue(model: str) -> list[Refusal]:
             {"model": model, "prompt": f"x{LONE}"},
             400,
             bad,
-            "invalid_unicode",
+            "invalid_encoding",
             "prompt",
             COMPLETIONS,
         ),
-        Refusal("lone surrogate in a key", body(**{LONE: 1}), 400, bad, "invalid_unicode", None),
+        Refusal("lone surrogate in a key", body(**{LONE: 1}), 400, bad, "invalid_encoding", None),
         Refusal("nested 5,000 deep", deep, 400, bad, "nesting_too_deep", None),
         Refusal("array nested 5,000 deep", b"[" * 5000 + b"]" * 5000, 400, bad, "nesting_too_deep", None),
         Refusal(

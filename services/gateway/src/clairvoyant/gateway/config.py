@@ -32,7 +32,10 @@ class GatewaySettings(ServiceSettings):
     database_url: str = Field(default="sqlite:///var/gateway.db", description="API keys (SQLAlchemy URL)")
     max_request_bytes: int = Field(default=1_048_576, gt=0, description="larger bodies get 413")
     max_json_depth: int = Field(
-        default=64, ge=4, description="deepest nesting of arrays and objects in a body (content parts need 4)"
+        default=64,
+        ge=4,  # content parts sit 4 deep
+        le=256,  # well inside Python's recursion limit, which json.loads and json.dumps use
+        description="deepest nesting of arrays and objects in a body",
     )
     max_string_chars: int = Field(
         default=DEFAULT_LIMITS.max_string_chars,  # 524,288: about 128K tokens

@@ -65,14 +65,14 @@ def format_param(loc: Loc) -> str:
 
 def check_strings(document: object, max_chars: int) -> None:
     """Raise InvalidRequest naming the first string (object keys included, in document order) that
-    is longer than ``max_chars`` characters or holds a lone surrogate."""
+    is longer than ``max_chars`` characters or holds a lone surrogate.  ``document`` is decoded JSON
+    no deeper than ``decode_json`` allows."""
     # First in C, over the document as text: a string literal is never shorter than its string.
     text = json.dumps(document, ensure_ascii=False)
     longest = max(map(len, _TEXT_STRING.findall(text)), default=2) - 2
     if longest <= max_chars and not _SURROGATE.search(text):
         return
-    # Then walk to name the offender, with a stack of our own: the document may be as deep as
-    # decode_json allowed.
+    # Then walk to name the offender.
     pending: list[tuple[_Link, object]] = [(None, document)]
     while pending:
         link, value = pending.pop()
@@ -111,5 +111,5 @@ def _check_string(value: str, link: _Link, max_chars: int, what: str = "") -> No
         f"{where} holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), which is not "
         "valid Unicode",
         param=param,
-        code="invalid_unicode",
+        code="invalid_encoding",
     )
