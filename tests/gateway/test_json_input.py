@@ -1,13 +1,16 @@
-"""json_input: decoding bounded JSON and naming the first bad string."""
+"""json_input: decoding bounded JSON and naming the first bad string; the settings that bound it."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from pydantic import ValidationError
 
 from clairvoyant.core.errors import InvalidRequest
+from clairvoyant.gateway.config import GatewaySettings
 from clairvoyant.gateway.json_input import check_strings, decode_json, nesting_depth
+from clairvoyant.gateway.openai_api import DEFAULT_LIMITS, InputLimits
 
 pytestmark = pytest.mark.unit
 
@@ -51,3 +54,18 @@ def test_check_strings_names_the_first_offender_in_document_order() -> None:
     assert refusal(lambda: check_strings(["ok", "x" * 11], 10)) == ("string_above_max_length", "[1]")
     assert refusal(lambda: check_strings({"k" * 11: 1}, 10)) == ("string_above_max_length", None)
     check_strings({"k" * 10: ["x" * 10, 1.5, None, True, "\U0001f600"]}, 10)
+
+
+def test_input_limit_settings() -> None:
+    assert GatewaySettings().input_limits() == DEFAULT_LIMITS == InputLimits(524_288, 2048, 4)
+    assert GatewaySettings().max_json_depth == 64
+    custom = GatewaySettings(max_string_chars=10, max_messages=3, max_stop_sequences=1)
+    assert custom.input_limits() == InputLimits(max_string_chars=10, max_messages=3, max_stop_sequences=1)
+    for bad in (
+        {"max_json_depth": 3},
+        {"max_json_depth": 257},
+        {"max_stop_sequences": 0},
+        {"max_messages": 0},
+    ):
+        with pytest.raises(ValidationError):
+            GatewaySettings(**bad)

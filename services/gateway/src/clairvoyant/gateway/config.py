@@ -47,7 +47,7 @@ class GatewaySettings(ServiceSettings):
     )
     max_stop_sequences: int = Field(
         default=DEFAULT_LIMITS.max_stop_sequences,
-        ge=0,
+        ge=1,  # a single stop string counts as one
         description="most stop sequences a request may set (4)",
     )
     max_tokens_limit: int = Field(
