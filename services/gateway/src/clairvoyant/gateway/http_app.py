@@ -99,6 +99,8 @@ async def until_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> 
 
 
 class GatewayAPI(FastAPI):
+    """FastAPI, with the request bodies in /openapi.json: the handlers read them raw."""
+
     def openapi(self) -> dict[str, Any]:
         if self.openapi_schema is None:  # built once, then cached by FastAPI
             add_body_schemas(super().openapi(), (ChatCompletionBody, CompletionBody))
@@ -191,7 +193,7 @@ def create_app(settings: GatewaySettings, deps: Gateway) -> FastAPI:
         try:
             return await generate(request, "completions")
         except InvalidRequest as err:
-            if err.param == "messages":  # the worker names any prompt so ("the prompt is too long")
+            if err.param == "messages":  # the worker calls any prompt "messages"
                 err.param = "prompt"
             raise
 
