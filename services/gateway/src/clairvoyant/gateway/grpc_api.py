@@ -62,7 +62,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         metadata = dict(context.invocation_metadata() or ())
         authorization = metadata.get("authorization")
         tenant = await self.deps.auth.authenticate(authorization if isinstance(authorization, str) else None)
-        body = validate_body(body_of(request, stream), ChatCompletionBody)
+        body = validate_body(body_of(request, stream), ChatCompletionBody, self.deps.settings.input_limits())
         return to_request(
             body,
             tenant=tenant,
