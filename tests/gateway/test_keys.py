@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +18,7 @@ from typer.testing import CliRunner
 
 from clairvoyant.gateway.auth import Authenticator, bearer_token
 from clairvoyant.gateway.cli import app as cli
+from clairvoyant.gateway.config import GatewaySettings
 from clairvoyant.gateway.keys import ApiKey, KeyStore
 from tests.gateway.conftest import StackFactory
 from tests.gateway.fakes import MODEL
@@ -136,3 +140,50 @@ async def test_http_requires_keys_once_one_exists(make_stack: StackFactory, tmp_
     with pytest.raises(openai.AuthenticationError):
         await stack.openai(api_key=key).chat.completions.create(**body)
     store.close()
+
+
+def _serve(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "clairvoyant.gateway", "serve", *args],
+        env={**os.environ, "CV_NATS_URL": "nats://127.0.0.1:1", "CV_GATEWAY_PORT": "0",
+             "CV_GATEWAY_GRPC_PORT": "0", **env},
+        cwd=cwd, capture_output=True, text=True, timeout=120,
+    )
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("url", "masked", "cause"),
+    [
+        ("postgresql://nobody:hunter22@127.0.0.1:{port}/x", "postgresql://nobody:***@127.0.0.1:{port}/x",
+         "Connection refused"),
+        ("garbage", "garbage", "Could not parse SQLAlchemy URL"),
+        ("mysql://cv:hunter22@127.0.0.1/x", "mysql://cv:***@127.0.0.1/x", "No module named"),
+    ],
+)
+def test_serve_with_a_bad_database_url_says_so_in_one_paragraph(
+    url: str, masked: str, cause: str, tmp_path: Path, free_port: int
+) -> None:
+    run = _serve({"CV_DATABASE_URL": url.format(port=free_port)}, tmp_path)
+    assert run.returncode == 1, run.stderr[-2000:]
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr  # one paragraph, no traceback
+    assert lines[0].startswith(f"error: cannot use the API key database CV_DATABASE_URL={masked.format(port=free_port)}: ")
+    assert cause in lines[0] and "hunter22" not in run.stderr + run.stdout
+
+
+@pytest.mark.integration
+def test_serve_help_lists_every_setting(tmp_path: Path) -> None:
+    run = _serve({"COLUMNS": "200"}, tmp_path, "--help")
+    assert run.returncode == 0, run.stderr
+    lines = [line.strip() for line in run.stdout.splitlines()]
+    for expected in (
+        "CV_DATABASE_URL=sqlite:///var/gateway.db  API keys (SQLAlchemy URL)",
+        "CV_RATE_LIMIT_RPM=0  requests per minute per API key, unless the key sets its own; 0: unlimited",
+        "CV_GATEWAY_PORT=8000  OpenAI-compatible HTTP API; 0 picks a free port",
+        "CV_NATS_PASSWORD (unset)  NATS password",
+        "CV_LOG_JSON=true",
+    ):
+        assert any(line.startswith(expected) for line in lines), expected
+    listed = [line.split("=")[0].split(" ")[0] for line in lines if line.startswith("CV_")]
+    assert listed == [f"CV_{name.upper()}" for name in GatewaySettings.model_fields]

@@ -21,10 +21,11 @@ from clairvoyant.contracts.v1 import (
     worker_pb2,
     worker_pb2_grpc,
 )
-from clairvoyant.core.errors import ERROR_TRAILER, ClairvoyantError, Unavailable, from_rpc_error
+from clairvoyant.core.errors import ERROR_TRAILER, ClairvoyantError, QueueFull, Unavailable, from_rpc_error
 from clairvoyant.core.grpcutil import channel
 from clairvoyant.core.telemetry import grpc_metadata
 from clairvoyant.gateway import metrics
+from clairvoyant.gateway.ratelimit import FullQueues, ServiceBusy
 from clairvoyant.gateway.request import GenerationRequest
 
 logger = logging.getLogger(__name__)
@@ -39,26 +40,44 @@ def has_detail(err: grpc.aio.AioRpcError) -> bool:
 
 def rpc_error(err: grpc.aio.AioRpcError, what: str) -> ClairvoyantError:
     """The typed error behind ``err``.  Transport failures name ``what`` failed but keep gRPC's
-    details (internal addresses) out of the message, which clients see; they go to the log."""
+    details (internal addresses) out of the message, which clients see; they go to the log at
+    WARNING, since such a failure answers the client 503.
+
+    A bare CANCELLED that the caller did not cause is gRPC's own load shedding: a server with more
+    calls waiting to be picked up than ``grpc.server.max_pending_requests`` (1,000) cancels some at
+    random (a server shutting down answers UNAVAILABLE instead).  The service is up, only busy:
+    that is a 429 with a retry hint, not a 503.
+    """
     if has_detail(err):
         return from_rpc_error(err)
-    logger.debug("%s failed: %s %s", what, err.code().name, err.details())
+    if err.code() == grpc.StatusCode.CANCELLED:
+        logger.info("the %s shed a call (gRPC CANCELLED, too many calls pending)", what)
+        metrics.BUSY_REFUSALS.labels("scheduler_shed").inc()
+        return ServiceBusy(f"the {what} is overloaded; retry shortly", retry_after_s=1.0)
+    logger.warning("the %s failed: %s %s", what, err.code().name, err.details())
     if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
         return Unavailable(f"the {what} timed out", code="timeout")
-    if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN):
+    if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN):
         return Unavailable(f"the {what} is unavailable; retry shortly")
     return from_rpc_error(err)
 
 
 class SchedulerClient:
-    def __init__(self, address: str, schedule_timeout_s: float) -> None:
+    def __init__(self, address: str, schedule_timeout_s: float, queue_full_hold_s: float = 0.25) -> None:
+        """``queue_full_hold_s``: how long a QueueFull answers further requests for its model
+        without asking the scheduler (see ``FullQueues``); 0 asks every time."""
         self.address = address
         self.schedule_timeout_s = schedule_timeout_s
+        self.full_queues = FullQueues(queue_full_hold_s)
         self._channel = channel(address)
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
 
     async def schedule(self, request: scheduler_pb2.ScheduleRequest) -> scheduler_pb2.Placement:
-        """Waits in the model's global queue.  Raises QueueFull, NoWorkers, Unavailable, ..."""
+        """Waits in the model's global queue.  Raises QueueFull (busy: the model's queue is full, or
+        the scheduler shed the call), NoWorkers, Unavailable (the scheduler is down), ..."""
+        refusal = self.full_queues.refusal(request.model)
+        if refusal is not None:
+            raise refusal
         try:
             placement: scheduler_pb2.Placement = await self._stub.Schedule(
                 request, timeout=self.schedule_timeout_s, metadata=grpc_metadata()
@@ -68,7 +87,11 @@ class SchedulerClient:
                 raise Unavailable(
                     f"no worker had room within {self.schedule_timeout_s:g} s", code="queue_timeout"
                 ) from None
-            raise rpc_error(err, "scheduler") from None
+            error = rpc_error(err, "scheduler")
+            if type(error) is QueueFull:  # the model's queue, not the scheduler's own shedding
+                metrics.BUSY_REFUSALS.labels("queue_full").inc()
+                self.full_queues.mark(request.model, error)
+            raise error from None
         return placement
 
     async def complete(self, request_id: str, worker_id: str, status: common_pb2.RequestStatus) -> None:

@@ -68,6 +68,17 @@ class GatewaySettings(ServiceSettings):
         default=1.0, ge=0, description="how long a scheduler Snapshot answers /v1/models"
     )
     shutdown_grace_s: float = Field(default=10.0, ge=0, description="time in-flight requests get on SIGTERM")
+    rate_limit_rpm: int = Field(
+        default=0,
+        ge=0,
+        description="requests per minute per API key, unless the key sets its own; 0: unlimited",
+    )
+    rate_limit_tpm: int = Field(
+        default=0,
+        ge=0,
+        description="tokens (prompt estimate + max_tokens) per minute per API key, unless the key sets "
+        "its own; 0: unlimited",
+    )
 
     @classmethod
     def from_env(cls) -> GatewaySettings:

@@ -27,6 +27,7 @@ from clairvoyant.gateway.json_input import decode_json, format_param
 from clairvoyant.gateway.metrics import RequestCounter
 from clairvoyant.gateway.openai_api import ChatCompletionBody, CompletionBody, to_request, validate_body
 from clairvoyant.gateway.openapi_doc import add_body_schemas, error_responses, generated, json_body
+from clairvoyant.gateway.ratelimit import RateLimited, admit
 from clairvoyant.gateway.request import Endpoint
 from clairvoyant.gateway.responses import (
     ChatCompletionOut,
@@ -51,6 +52,8 @@ def error_response(err: ClairvoyantError) -> JSONResponse:
         headers["Retry-After"] = str(max(1, math.ceil(err.retry_after_s or 1)))
     if err.http_status == 401:
         headers["WWW-Authenticate"] = "Bearer"
+    if isinstance(err, RateLimited):
+        headers.update(err.headers)
     return JSONResponse(err.to_openai(), status_code=err.http_status, headers=headers)
 
 
@@ -153,7 +156,8 @@ def create_app(settings: GatewaySettings, deps: Gateway) -> FastAPI:
             max_tokens_limit=settings.max_tokens_limit,
         )
         parent = extract_context(request.headers.items())  # a client's W3C traceparent, if it sent one
-        headers = {"X-Request-Id": req.request_id}
+        # Busy (a full queue, a rate limit) is refused here, before the pipeline spends anything.
+        headers = {"X-Request-Id": req.request_id, **admit(deps, request.headers.get("authorization"), req)}
         if not req.stream:
             result = await until_disconnected(request, deps.pipeline.complete(req, parent))
             if result is None:

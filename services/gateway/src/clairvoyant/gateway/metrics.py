@@ -41,6 +41,18 @@ UNANNOTATED_REASONS = ("timeout", "error", "unavailable", "no_profiler", "no_met
 for _reason in UNANNOTATED_REASONS:  # export every series from the start, at 0
     UNANNOTATED.labels(_reason)
 
+BUSY_REFUSALS = Counter(
+    "cv_gateway_busy_refusals_total",
+    "Requests refused 429 because the system or the caller is busy, by reason",
+    ["reason"],
+)
+# The scheduler said the model's queue is full; the gateway answered so itself, within the short
+# hold after the scheduler said it; the scheduler shed the call (gRPC's pending-call limit); the
+# key ran out of its requests or tokens per minute.
+BUSY_REASONS = ("queue_full", "queue_full_held", "scheduler_shed", "rate_limit_requests", "rate_limit_tokens")
+for _reason in BUSY_REASONS:
+    BUSY_REFUSALS.labels(_reason)
+
 # The request paths worth a label; everything else (health, metrics, 404s) is "other".
 HTTP_ENDPOINTS = {
     "/v1/chat/completions": "chat.completions",

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -55,8 +56,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
+from clairvoyant.core.logs import mask_url
 from clairvoyant.profiler.core import CallRecord, ProfileConfig, WorkflowProfile
 
 logger = logging.getLogger(__name__)
@@ -166,6 +169,32 @@ class Restored(NamedTuple):
     next_seq: int  # the first sequence number not used yet
 
 
+class DatabaseUnavailable(RuntimeError):
+    """The profile database cannot be used: its URL does not parse, names a driver that is not
+    installed, or leads to a server that refuses.  The message is one paragraph naming
+    ``CV_DATABASE_URL``, with the URL's password masked."""
+
+
+def describe_database_error(database_url: str, exc: BaseException, setting: str = "CV_DATABASE_URL") -> str:
+    """One paragraph for an operator: which setting, its value (password masked), what went wrong."""
+    cause = str(exc.orig) if isinstance(exc, DBAPIError) and exc.orig is not None else str(exc)
+    cause = re.sub(r"\s*\(Background on this error at: [^)]*\)", "", cause)  # SQLAlchemy's link
+    cause = " ".join(cause.split()).rstrip(".")
+    stop = "" if cause.endswith(("?", "!")) else "."
+    return (
+        f"cannot use the profile database {setting}={mask_url(database_url)}: {cause}{stop}  Set {setting} "
+        "to a SQLAlchemy URL such as sqlite:///var/profiler.db or postgresql://user:password@host:5432/db"
+    )
+
+
+def _unavailable(database_url: str, exc: BaseException) -> DatabaseUnavailable:
+    """The error to raise, logged first: the service's log (JSON in production) gets the paragraph
+    on one line whatever the command line prints around the exception."""
+    message = describe_database_error(database_url, exc)
+    logger.error("%s", message)
+    return DatabaseUnavailable(message)
+
+
 def make_engine(database_url: str) -> Engine:
     """An engine for ``database_url``; creates a SQLite file's directory and puts it in WAL mode
     (a commit appends to the WAL, and ``show`` can read while the service writes), and picks
@@ -221,10 +250,18 @@ class ProfileRepository:
     service passes its own; a profile with a snapshot keeps the config stored in it)."""
 
     def __init__(self, database_url: str, *, migrate: bool = True, config: ProfileConfig | None = None) -> None:
-        self.engine = make_engine(database_url)
+        """Raises DatabaseUnavailable when ``database_url`` cannot be used (see its docstring)."""
+        try:
+            self.engine = make_engine(database_url)
+        except (ArgumentError, ImportError, OSError) as exc:  # unparsable, no such driver, no directory
+            raise _unavailable(database_url, exc) from None
         self.config = config or ProfileConfig()
         if migrate:
-            upgrade(self.engine)
+            try:
+                upgrade(self.engine)
+            except SQLAlchemyError as exc:
+                self.engine.dispose()
+                raise _unavailable(database_url, exc) from None
         insert = postgresql.insert if self.engine.dialect.name == "postgresql" else sqlite.insert
         # Insert-or-ignore on the request id: a record logged before (a redelivery) is skipped.
         self._append: Insert = insert(LogRow).on_conflict_do_nothing(index_elements=["request_id"])
