@@ -21,6 +21,7 @@ from clairvoyant.bench import (  # noqa: F401
     prefix_ttft,
     profiler_ingest,
     sim_speed,
+    soak,
     sweep,
 )
 from clairvoyant.bench.common import BENCHMARKS, RESULTS_DIR, load_average, progress, report

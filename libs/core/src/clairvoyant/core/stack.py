@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -134,6 +135,7 @@ class StackConfig:
     policy: str | None = None
     env: dict[str, str] = field(default_factory=dict)  # extra environment for every service
     worker_env: dict[str, str] = field(default_factory=dict)
+    log_dir: Path | None = None  # each service's output to <log_dir>/<name>.log, not this stderr
 
     @classmethod
     def from_env(cls) -> StackConfig:
@@ -171,13 +173,15 @@ class StackConfig:
 
 class Stack:
     """The local stack's processes: ``start()``, then ``supervise()`` every so often to restart
-    crashed services (``main`` does it twice a second), then ``stop()``."""
+    crashed services (``main`` does it twice a second), then ``stop()``.  ``supervise``,
+    ``restart`` and ``stop`` may be called from different threads."""
 
     def __init__(self, config: StackConfig, restart_policy: RestartPolicy | None = None) -> None:
         self.config = config
         self.restart_policy = restart_policy or RestartPolicy()
         self.nats: NatsServer | None = None
         self.services: list[Service] = []  # in start order; NATS first when the stack runs it
+        self._lock = threading.RLock()  # one of supervise / restart / stop at a time
         self.nats_url = config.nats_url or ""
         self.gateway_url = ""
         self.scheduler_address = ""
@@ -234,8 +238,17 @@ class Stack:
         return self
 
     def _spawn(self, name: str, module: str, env: dict[str, str]) -> None:
-        self._add(name, lambda: subprocess.Popen([sys.executable, "-m", module], env=env,
-                                                 preexec_fn=_die_with_parent))
+        log_dir = self.config.log_dir
+
+        def launch() -> subprocess.Popen[bytes]:
+            if log_dir is None:
+                return subprocess.Popen([sys.executable, "-m", module], env=env, preexec_fn=_die_with_parent)
+            log_dir.mkdir(parents=True, exist_ok=True)
+            with (log_dir / f"{name}.log").open("ab") as log:
+                return subprocess.Popen([sys.executable, "-m", module], env=env, stdout=log,
+                                        stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+
+        self._add(name, launch)
 
     def _add(self, name: str, launch: Callable[[], subprocess.Popen[bytes]]) -> None:
         service = Service(name, launch)
@@ -280,19 +293,20 @@ class Stack:
         """One pass of supervision: notice services that exited, and start again those whose
         backoff has passed.  Returns at once (NATS aside: its start waits until it listens)."""
         now = time.monotonic() if now is None else now
-        for service in self.services:
-            process = service.process
-            if service.restart_at is None and not service.exited_cleanly and process is not None \
-                    and process.poll() is not None:
-                self._exited(service, process.returncode, now)
-            if service.restart_at is not None and now >= service.restart_at:
-                service.restarts += 1
-                logger.warning("restarting %s (restart %d)", service.name, service.restarts)
-                try:
-                    service.start(now)
-                except (OSError, RuntimeError, TimeoutError) as exc:
-                    logger.warning("%s could not start: %s", service.name, exc)
-                    self._schedule_restart(service, 0.0, now)
+        with self._lock:
+            for service in self.services:
+                process = service.process
+                if service.restart_at is None and not service.exited_cleanly and process is not None \
+                        and process.poll() is not None:
+                    self._exited(service, process.returncode, now)
+                if service.restart_at is not None and now >= service.restart_at:
+                    service.restarts += 1
+                    logger.warning("restarting %s (restart %d)", service.name, service.restarts)
+                    try:
+                        service.start(now)
+                    except (OSError, RuntimeError, TimeoutError) as exc:
+                        logger.warning("%s could not start: %s", service.name, exc)
+                        self._schedule_restart(service, 0.0, now)
 
     def _exited(self, service: Service, returncode: int, now: float) -> None:
         uptime = now - service.started_at
@@ -314,26 +328,28 @@ class Stack:
     def restart(self, name: str, timeout: float = 10.0) -> None:
         """A planned restart of one service (``docker compose restart``): SIGTERM, SIGKILL after
         ``timeout``, then started again at once; its backoff is untouched."""
-        service = next(s for s in self.services if s.name == name)
-        if service.process is not None:
-            _terminate(name, service.process, timeout)
-        logger.warning("restarting %s (planned)", name)
-        service.start(time.monotonic())
+        with self._lock:
+            service = next(s for s in self.services if s.name == name)
+            if service.process is not None:
+                _terminate(name, service.process, timeout)
+            logger.warning("restarting %s (planned)", name)
+            service.start(time.monotonic())
 
     def stop(self, timeout: float = 10.0) -> None:
         """Gateway first, so no new work arrives; then workers, profiler and scheduler; NATS once
         they have exited, so their last messages and acks get through."""
-        services = [(name, process) for name, process in reversed(self.children) if name != "nats"]
-        for _, process in services:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for name, process in services:
-            _terminate(name, process, max(0.1, deadline - time.monotonic()))
-        if self.nats is not None:
-            self.nats.stop()
-            self.nats = None
-        self.services.clear()
+        with self._lock:
+            services = [(name, process) for name, process in reversed(self.children) if name != "nats"]
+            for _, process in services:
+                if process.poll() is None:
+                    process.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            for name, process in services:
+                _terminate(name, process, max(0.1, deadline - time.monotonic()))
+            if self.nats is not None:
+                self.nats.stop()
+                self.nats = None
+            self.services.clear()
 
 
 def _popen_of(nats: NatsServer) -> subprocess.Popen[bytes]:
