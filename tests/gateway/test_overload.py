@@ -117,7 +117,7 @@ async def test_a_scheduler_that_is_down_is_503_logged_at_warning(
     with caplog.at_level(logging.WARNING, logger="clairvoyant.gateway.clients"):
         async with httpx.AsyncClient(base_url=stack.url, timeout=30) as http:
             reply = await http.post("/v1/chat/completions", json=BODY)
-    assert reply.status_code == 503
+    assert reply.status_code == 503 and reply.headers["retry-after"] == "1"
     error = reply.json()["error"]
     assert (error["type"], error["code"]) == ("service_unavailable", "unavailable")
     assert error["message"] == "the scheduler is unavailable; retry shortly"

@@ -58,7 +58,7 @@ def rpc_error(err: grpc.aio.AioRpcError, what: str) -> ClairvoyantError:
     if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
         return Unavailable(f"the {what} timed out", code="timeout")
     if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNKNOWN):
-        return Unavailable(f"the {what} is unavailable; retry shortly")
+        return Unavailable(f"the {what} is unavailable; retry shortly", retry_after_s=1.0)
     return from_rpc_error(err)
 
 
