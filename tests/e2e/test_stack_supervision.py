@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -24,8 +25,7 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 
 from clairvoyant.contracts.v1 import scheduler_pb2, scheduler_pb2_grpc
-from clairvoyant.core.natsserver import free_port
-from clairvoyant.core.stack import Stack
+from clairvoyant.core.stack import Stack, StackConfig
 from tests.e2e.test_stack_openai import MODEL, records
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -127,14 +127,17 @@ def _worker_pid(launcher: int) -> int | None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process tree from /proc")
 def test_the_launcher_restarts_a_crashed_worker_and_stops_everything_on_sigterm(tmp_path: Path) -> None:
-    gateway_port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CV_")}
-    env.update(CV_MODEL=MODEL, CV_WORKERS="1", CV_GATEWAY_PORT=str(gateway_port), CV_VAR_DIR=str(tmp_path / "var"),
-               CV_DATABASE_URL=f"sqlite:///{tmp_path / 'gateway.db'}", CV_TORCH_THREADS="1", CV_NUM_BLOCKS="256",
-               CV_LOG_LEVEL="WARNING")  # the services'; the launcher logs at INFO
+    # ``make run``'s main(), on a private stack's free ports: the default ones may be taken here.
+    config = StackConfig.on_free_ports(tmp_path / "var", model=MODEL, workers=1,
+                                       worker_env={"CV_TORCH_THREADS": "1", "CV_NUM_BLOCKS": "256"})
+    gateway_port = config.gateway_port
+    fields = {**dataclasses.asdict(config), "var_dir": str(config.var_dir)}
+    script = ("import json, sys; from pathlib import Path; from clairvoyant.core.stack import StackConfig, main; "
+              "fields = json.loads(sys.argv[1]); fields['var_dir'] = Path(fields['var_dir']); "
+              "sys.exit(main([], StackConfig(**fields)))")
     log_path = tmp_path / "launcher.log"
     with log_path.open("wb") as log:
-        launcher = subprocess.Popen([sys.executable, "-m", "clairvoyant.core.stack"], env=env, stderr=log)
+        launcher = subprocess.Popen([sys.executable, "-c", script, json.dumps(fields)], stderr=log)
     try:
 
         def logged(text: str) -> dict[str, str] | None:

@@ -368,14 +368,15 @@ def _terminate(name: str, process: subprocess.Popen[bytes], timeout: float) -> N
         process.wait()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, config: StackConfig | None = None) -> int:
+    """``make run``; ``config`` replaces the one read from the environment (tests pass a private one)."""
     parser = argparse.ArgumentParser(prog="python -m clairvoyant.core.stack", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help=f"model every worker serves (default: $CV_MODEL or {DEFAULT_MODEL})")
     parser.add_argument("--workers", type=int, help="number of workers (default: $CV_WORKERS or 2)")
     args = parser.parse_args(argv)
     setup_logging("stack")
-    config = StackConfig.from_env()
+    config = config or StackConfig.from_env()
     if args.model:
         config.model = args.model
     if args.workers:
