@@ -189,10 +189,16 @@ class Pipeline:
         return asked
 
     async def _schedule(self, msg: scheduler_pb2.ScheduleRequest) -> scheduler_pb2.Placement:
-        with _tracer.start_as_current_span("gateway.schedule") as span:
+        # Exceptions are not recorded on this span: a refusal is an answer, and formatting its
+        # traceback was the largest cost of a 429 in an overload burst.
+        with _tracer.start_as_current_span(
+            "gateway.schedule", record_exception=False, set_status_on_exception=False
+        ) as span:
             try:
                 placement = await self.scheduler.schedule(msg)
             except BaseException as exc:
+                if isinstance(exc, ClairvoyantError):
+                    span.set_attribute("cv.error_code", exc.code)
                 if not isinstance(exc, _REFUSALS):
                     # Cancelled, timed out or cut off: the scheduler may have placed it all the same,
                     # so release whatever it holds (a no-op when it holds nothing).

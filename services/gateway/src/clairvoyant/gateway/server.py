@@ -10,7 +10,8 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
+from typing import Any
 
 import grpc
 import uvicorn
@@ -128,10 +129,21 @@ async def serve(settings: GatewaySettings) -> None:
         logger.info("gateway stopped")
 
 
+def run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """``asyncio.run`` on uvloop where it is installed (uvicorn[standard] brings it): the gateway's
+    one event loop parses every request, and uvloop roughly halves what a burst of refusals costs."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+    else:
+        uvloop.run(main)
+
+
 def run(settings: GatewaySettings) -> None:
     setup_logging("gateway", settings.log_level, settings.log_json)
     try:
-        asyncio.run(serve(settings))
+        run_loop(serve(settings))
     except (RuntimeError, OSError, grpc.RpcError, SQLAlchemyError) as exc:  # e.g. port taken, database down
         logger.error("gateway failed: %s", exc)
         raise SystemExit(1) from None
