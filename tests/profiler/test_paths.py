@@ -8,11 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clairvoyant.profiler.core.expr import parse
+from clairvoyant.profiler.core.path_fitting import fit_weights
 from clairvoyant.profiler.core.paths import (
     PathModel,
     accepts,
     expected_remaining,
-    fit_weights,
     future_agents,
     project,
 )

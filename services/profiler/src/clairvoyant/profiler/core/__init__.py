@@ -3,22 +3,25 @@
 No I/O, no clock reads, no transports: inputs in, results out, times passed in.  The modules, in the
 order data flows through them:
 
-    trace.py       calls -> steps (Kairos sweep line)
-    automaton.py   step transitions with counts, pruning at the dominant percentile (Pythia)
-    expr.py        bounded path expressions: AST, parser, printer
-    paths.py       expressions as probabilistic automata: accepts, positions, future agents,
-                   expected remaining steps/time, projection, fitted choice probabilities
-    synthesis.py   traces -> bounded path expression
-    stats.py       per-agent length/latency/gap distributions, Kairos convergence
-    ranking.py     Kairos agent rank (Wasserstein + 1-D MDS with a zero anchor)
-    confidence.py  shadow / low / high tiers (Pythia shadow profiling, SAGA cold start)
-    templates.py   prompt-composition templates from chained block hashes, static prefixes
-    profile.py     WorkflowProfile: incremental ingestion, annotate, plain-dict state
+    trace.py           calls -> steps (Kairos sweep line)
+    automaton.py       step transitions with counts, pruning at the dominant percentile (Pythia)
+    expr.py            bounded path expressions: AST, parser, printer
+    path_automaton.py  expressions compiled to acyclic probabilistic automata
+    path_fitting.py    choice probabilities fitted on traces (most likely derivations)
+    paths.py           path models: accepts, positions, future agents, expected remaining
+                       steps/time, projection, residual path
+    synthesis.py       traces -> bounded path expression
+    stats.py           per-agent length/latency/gap distributions, Kairos convergence
+    ranking.py         Kairos agent rank (Wasserstein + 1-D MDS with a zero anchor)
+    confidence.py      shadow / low / high tiers (Pythia shadow profiling, SAGA cold start)
+    templates.py       prompt-composition templates from chained block hashes, static prefixes
+    profile.py         WorkflowProfile: incremental ingestion, annotate, plain-dict state
 """
 
 from clairvoyant.profiler.core.automaton import TransitionAutomaton
 from clairvoyant.profiler.core.confidence import ConfidenceConfig, ConfidenceState, Tier
 from clairvoyant.profiler.core.expr import Expr, ExpressionError, ParseError, parse, to_text
+from clairvoyant.profiler.core.path_fitting import fit_weights
 from clairvoyant.profiler.core.paths import (
     NextAgents,
     PathModel,
@@ -26,7 +29,6 @@ from clairvoyant.profiler.core.paths import (
     Remaining,
     accepts,
     expected_remaining,
-    fit_weights,
     future_agents,
     project,
 )

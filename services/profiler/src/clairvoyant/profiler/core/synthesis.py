@@ -40,7 +40,7 @@ no algorithm; this is the one implemented here (traces are sequences of steps, `
    ``(a | b | <c>{1,3} | ...){m,n}`` over every step kind, with m..n the dominant percentiles of
    trace lengths, widened to the observed extremes if needed so that it accepts at least
    ``fallback_acceptance`` (95%) of the traces.
-Finally the choice probabilities are fitted on the traces (``paths.fit_weights``).
+Finally the choice probabilities are fitted on the traces (``path_fitting.fit_weights``).
 """
 
 from __future__ import annotations
@@ -51,7 +51,9 @@ from dataclasses import dataclass, field
 
 from clairvoyant.profiler.core.automaton import DEFAULT_PRUNE_THRESHOLD, TransitionAutomaton, step_label
 from clairvoyant.profiler.core.expr import Agent, Alt, End, Expr, FanOut, Opt, Repeat, alt, seq
-from clairvoyant.profiler.core.paths import MAX_STATES, PathModel, Weights, fit_weights
+from clairvoyant.profiler.core.path_automaton import MAX_STATES, Weights
+from clairvoyant.profiler.core.path_fitting import fit_weights
+from clairvoyant.profiler.core.paths import PathModel
 from clairvoyant.profiler.core.trace import Step
 
 
