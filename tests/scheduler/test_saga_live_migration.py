@@ -23,15 +23,15 @@ from clairvoyant.core.clock import ManualClock
 from clairvoyant.core.grpcutil import channel, new_server
 from clairvoyant.scheduler.core import GlobalScheduler, WorkerReport
 from clairvoyant.scheduler.core.saga import SagaAffinityRouting, Steal
+from clairvoyant.scheduler.grpc_api import SchedulerServicer
 from clairvoyant.scheduler.kv_migration import KvMover
-from clairvoyant.scheduler.service import SchedulerServicer
 from clairvoyant.worker.config import WorkerSettings
 from clairvoyant.worker.core.engine import EngineConfig, LLMEngine
 from clairvoyant.worker.engine_loop import AsyncEngine
+from clairvoyant.worker.frontend import WorkerFrontend
 from clairvoyant.worker.grpc_api import WorkerServicer
 from clairvoyant.worker.heartbeat import Heartbeat
 from clairvoyant.worker.runners.loader import load_runner
-from clairvoyant.worker.service import WorkerService
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 MODEL = "tiny-random"
@@ -50,7 +50,7 @@ async def worker(worker_id: str) -> AsyncIterator[tuple[str, worker_pb2_grpc.Wor
     server = new_server()
     port = server.add_insecure_port("127.0.0.1:0")
     worker_pb2_grpc.add_WorkerServicer_to_server(
-        WorkerServicer(WorkerService(runner, engine, worker_id), heartbeat), server
+        WorkerServicer(WorkerFrontend(runner, engine, worker_id), heartbeat), server
     )
     await server.start()
     try:

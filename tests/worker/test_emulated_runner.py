@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from clairvoyant.worker.__main__ import RUNNERS, engine_config
+from clairvoyant.worker.app import RUNNERS, engine_config
 from clairvoyant.worker.config import WorkerSettings
 from clairvoyant.worker.core.engine import EngineConfig, LLMEngine
 from clairvoyant.worker.costmodel.roofline import BatchItem

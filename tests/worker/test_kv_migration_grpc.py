@@ -15,12 +15,12 @@ from clairvoyant.core.grpcutil import channel, new_server
 from clairvoyant.worker.config import WorkerSettings
 from clairvoyant.worker.core.engine import EngineConfig, LLMEngine
 from clairvoyant.worker.engine_loop import AsyncEngine
+from clairvoyant.worker.frontend import WorkerFrontend
 from clairvoyant.worker.grpc_api import WorkerServicer
 from clairvoyant.worker.heartbeat import Heartbeat
 from clairvoyant.worker.runners.base import ModelRunner
 from clairvoyant.worker.runners.emulated import EmulatedRunner
 from clairvoyant.worker.runners.loader import load_runner
-from clairvoyant.worker.service import WorkerService
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 PROMPT = [(7 * i + 3) % 200 for i in range(40)]  # 2 whole blocks of 16 + 8 tokens
@@ -45,7 +45,7 @@ async def serve(runner: ModelRunner, worker_id: str, num_blocks: int = 32) -> As
         slept.append(seconds)
 
     settings = WorkerSettings(worker_id=worker_id, block_size=16)
-    service = WorkerService(runner, engine, worker_id, transfer_sleep=record)
+    service = WorkerFrontend(runner, engine, worker_id, transfer_sleep=record)
     server = new_server()
     port = server.add_insecure_port("127.0.0.1:0")
     worker_pb2_grpc.add_WorkerServicer_to_server(

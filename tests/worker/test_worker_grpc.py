@@ -22,10 +22,10 @@ from clairvoyant.core.telemetry import setup_tracing
 from clairvoyant.worker.config import WorkerSettings
 from clairvoyant.worker.core.engine import EngineConfig, LLMEngine
 from clairvoyant.worker.engine_loop import AsyncEngine
+from clairvoyant.worker.frontend import WorkerFrontend
 from clairvoyant.worker.grpc_api import WorkerServicer
 from clairvoyant.worker.heartbeat import Heartbeat
 from clairvoyant.worker.runners.loader import load_runner
-from clairvoyant.worker.service import WorkerService
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -57,7 +57,7 @@ async def worker() -> AsyncIterator[Running]:
     heartbeat = Heartbeat(settings, runner, engine, "127.0.0.1:0", "")
     server = new_server()
     port = server.add_insecure_port("127.0.0.1:0")
-    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(WorkerService(runner, engine, "w-test"), heartbeat), server)
+    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(WorkerFrontend(runner, engine, "w-test"), heartbeat), server)
     health = add_health(server, ["clairvoyant.v1.Worker"])
     await server.start()
     await mark_serving(health, ["clairvoyant.v1.Worker"])

@@ -2,4 +2,4 @@
 
 ``core`` is the pure prediction core.  Around it: ``consumer`` (the durable JetStream consumer of
 ``cv.requests.completed``), ``persistence`` (profiles in SQL, Alembic ``migrations``), ``grpc_api``
-(Annotate, GetProfile, ListWorkflowTypes), ``service`` (wiring), ``cli`` (serve, show, evaluate)."""
+(Annotate, GetProfile, ListWorkflowTypes), ``app`` (wiring), ``metrics``, ``cli`` (serve, show, evaluate)."""

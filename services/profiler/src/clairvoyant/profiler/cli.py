@@ -56,19 +56,19 @@ def serve(
 
 
 async def _serve(settings: ProfilerSettings) -> None:
-    from clairvoyant.profiler.service import ProfilerService
+    from clairvoyant.profiler.app import ProfilerApp
 
-    service = ProfilerService(settings)
+    profiler = ProfilerApp(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await service.start()
+    await profiler.start()
     try:
         await stop.wait()
         logger.info("signal received; shutting down")
     finally:
-        await service.stop()
+        await profiler.stop()
 
 
 @app.command()

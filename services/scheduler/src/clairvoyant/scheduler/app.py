@@ -15,9 +15,9 @@ from clairvoyant.core.clock import Clock, SystemClock
 from clairvoyant.core.grpcutil import add_health, bind, mark_serving, new_server
 from clairvoyant.scheduler.config import SchedulerSettings
 from clairvoyant.scheduler.core import GlobalScheduler, LeaseBook
+from clairvoyant.scheduler.grpc_api import SchedulerServicer
 from clairvoyant.scheduler.kv_migration import KvMover
 from clairvoyant.scheduler.liveness import WorkerProber
-from clairvoyant.scheduler.service import SchedulerServicer
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The Worker gRPC service: a thin adapter from protobuf to ``WorkerService``."""
+"""The Worker gRPC service: a thin adapter from protobuf to ``WorkerFrontend``."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from clairvoyant.worker.block_hashes import SequenceHasher
 from clairvoyant.worker.core.kv_transfer import KvTransferError
 from clairvoyant.worker.core.sampling import SamplingParams
 from clairvoyant.worker.core.sequence import Lineage
+from clairvoyant.worker.frontend import PromptInput, WorkerFrontend
 from clairvoyant.worker.heartbeat import Heartbeat
 from clairvoyant.worker.kv_wire import PrefixAssembler
-from clairvoyant.worker.service import PromptInput, WorkerService
 
 logger = logging.getLogger(__name__)
 _tracer = tracer(__name__)
@@ -55,8 +55,8 @@ def lineage(tenant: str, meta: common_pb2.AppMetadata, request_id: str) -> Linea
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, service: WorkerService, heartbeat: Heartbeat) -> None:
-        self.service = service
+    def __init__(self, frontend: WorkerFrontend, heartbeat: Heartbeat) -> None:
+        self.frontend = frontend
         self.heartbeat = heartbeat
 
     async def Generate(  # noqa: N802 - gRPC method name
@@ -76,15 +76,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         parent = extract_context(context.invocation_metadata())
         with _tracer.start_as_current_span("worker.generate", context=parent) as span:
             span.set_attribute("cv.request_id", request_id)
-            span.set_attribute("cv.worker_id", self.service.worker_id)
+            span.set_attribute("cv.worker_id", self.frontend.worker_id)
             try:
-                if request.model and request.model != self.service.model_name:
+                if request.model and request.model != self.frontend.model_name:
                     raise InvalidRequest(
-                        f"this worker serves {self.service.model_name!r}, not {request.model!r}", param="model"
+                        f"this worker serves {self.frontend.model_name!r}, not {request.model!r}", param="model"
                     )
-                ids = self.service.tokenize(prompt_input(request))
-                sampling = sampling_params(request.sampling, self.service.default_max_tokens(len(ids)))
-                engine_request = self.service.build_request(
+                ids = self.frontend.tokenize(prompt_input(request))
+                sampling = sampling_params(request.sampling, self.frontend.default_max_tokens(len(ids)))
+                engine_request = self.frontend.build_request(
                     request_id,
                     ids,
                     sampling,
@@ -104,7 +104,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             hasher = SequenceHasher(ids)  # the prompt's chain, hashed while the engine prefills
             output_ids: list[int] = []
             try:
-                async for out in self.service.run(engine_request):
+                async for out in self.frontend.run(engine_request):
                     output_ids.extend(out.new_token_ids)
                     reply = worker_pb2.GenerateResponse(
                         request_id=request_id, text=out.new_text, token_ids=out.new_token_ids
@@ -141,8 +141,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         """Computes the prompt's KV (one token is sampled and discarded); it stays in the prefix cache."""
         request_id = request.request_id or f"prefill-{uuid.uuid4().hex}"
         try:
-            ids = self.service.tokenize(prompt_input(request))
-            engine_request = self.service.build_request(
+            ids = self.frontend.tokenize(prompt_input(request))
+            engine_request = self.frontend.build_request(
                 request_id,
                 ids,
                 SamplingParams(max_tokens=1, temperature=0.0),
@@ -153,7 +153,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             await abort(context, err)
         cached = 0
         try:
-            async for out in self.service.run(engine_request):
+            async for out in self.frontend.run(engine_request):
                 cached = out.cached_tokens
         except ValueError as exc:
             await abort(context, InvalidRequest(str(exc), param="input"))
@@ -169,15 +169,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self, request: worker_pb2.ExportKVRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[worker_pb2.KVChunk]:
         """The cached prefix of the request's tokens, or of its session, one chunk per layer."""
-        service = self.service
-        if request.model and request.model != service.model_name:
-            wrong = f"this worker serves {service.model_name!r}, not {request.model!r}"
+        frontend = self.frontend
+        if request.model and request.model != frontend.model_name:
+            wrong = f"this worker serves {frontend.model_name!r}, not {request.model!r}"
             await abort(context, InvalidRequest(wrong, param="model"))
         if not request.token_ids and not request.workflow_id:
             unnamed = InvalidRequest("name the prefix: token_ids or workflow_id", param="token_ids")
             await abort(context, unnamed)
         namespace = request.tenant or "default"  # as Generate's lineage has it
-        prefix = await service.export_kv(
+        prefix = await frontend.export_kv(
             namespace, token_ids=list(request.token_ids) or None, workflow_id=request.workflow_id or None
         )
         if prefix is None:
@@ -185,19 +185,19 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"nothing of {what} is cached for {namespace!r}")
         assert prefix is not None
         logger.info("exporting %d cached tokens (%s)", prefix.num_tokens, request.request_id)
-        for chunk in service.kv_layout.chunks(prefix, request.request_id):
+        for chunk in frontend.kv_layout.chunks(prefix, request.request_id):
             yield chunk
 
     async def ImportKV(  # noqa: N802
         self, request_iterator: AsyncIterator[worker_pb2.KVChunk], context: grpc.aio.ServicerContext
     ) -> worker_pb2.ImportKVResponse:
         """Collect the whole stream, check it, then cache the prefix: all or nothing."""
-        assembler = PrefixAssembler(self.service.kv_layout)
+        assembler = PrefixAssembler(self.frontend.kv_layout)
         try:
             async for chunk in request_iterator:
                 assembler.add(chunk)
             prefix = assembler.finish()
-            result = await self.service.import_kv(prefix)
+            result = await self.frontend.import_kv(prefix)
         except ClairvoyantError as err:
             await abort(context, err)
         except KvTransferError as exc:

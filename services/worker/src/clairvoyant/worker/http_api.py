@@ -23,8 +23,8 @@ from pydantic import BaseModel, Field
 from clairvoyant.core.errors import ClairvoyantError, InvalidRequest
 from clairvoyant.worker.core.engine import RequestOutput
 from clairvoyant.worker.core.sampling import SamplingParams
+from clairvoyant.worker.frontend import PromptInput, WorkerFrontend
 from clairvoyant.worker.heartbeat import Heartbeat
-from clairvoyant.worker.service import PromptInput, WorkerService
 
 
 class _Message(BaseModel):
@@ -76,7 +76,7 @@ async def _prepend(first: RequestOutput, rest: AsyncIterator[RequestOutput]) -> 
         yield item
 
 
-def create_app(service: WorkerService, heartbeat: Heartbeat) -> FastAPI:
+def create_app(service: WorkerFrontend, heartbeat: Heartbeat) -> FastAPI:
     app = FastAPI(title="Clairvoyant worker", docs_url=None, redoc_url=None)
 
     @app.exception_handler(ClairvoyantError)

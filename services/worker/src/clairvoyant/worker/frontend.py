@@ -1,8 +1,9 @@
-"""What a worker does with one request, independent of the transport (gRPC or HTTP).
+"""The worker's front of the engine: what both edges (``grpc_api``, ``http_api``) call, with no
+transport type in it.
 
-Turns a prompt (chat messages, text or token ids) into an ``EngineRequest``, enforces the
-context window before anything is allocated, and keeps the worker's Prometheus metrics.  Also
-exports and imports cached prefixes (KV migration, ``core/kv_transfer.py``).
+Turns a prompt (chat messages, text or token ids) into an ``EngineRequest``, enforcing the
+context window before anything is allocated; streams a request's outputs, counting them in
+``metrics``; exports and imports cached prefixes (KV migration, ``core/kv_transfer.py``).
 """
 
 from __future__ import annotations
@@ -13,11 +14,9 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from prometheus_client import Counter, Gauge, Histogram
-
 from clairvoyant.core.errors import ContextLengthExceeded, InvalidRequest
-from clairvoyant.core.metrics import LATENCY_BUCKETS
-from clairvoyant.worker.core.engine import EngineRequest, EngineStats, RequestOutput
+from clairvoyant.worker import metrics
+from clairvoyant.worker.core.engine import EngineRequest, RequestOutput
 from clairvoyant.worker.core.kv_transfer import (
     ImportResult,
     KvPrefix,
@@ -30,32 +29,6 @@ from clairvoyant.worker.core.sequence import Lineage
 from clairvoyant.worker.engine_loop import AsyncEngine
 from clairvoyant.worker.kv_wire import KvLayout
 from clairvoyant.worker.runners.base import CopiesKv, EmulatesKvTransfer, ModelRunner
-
-REQUESTS = Counter("cv_worker_requests_total", "Requests finished by the worker", ["status"])
-TTFT = Histogram("cv_worker_ttft_seconds", "Arrival to first token on the worker", buckets=LATENCY_BUCKETS)
-E2E = Histogram("cv_worker_e2e_seconds", "Arrival to last token on the worker", buckets=LATENCY_BUCKETS)
-RUNNING = Gauge("cv_worker_running", "Sequences running in the batch")
-QUEUED = Gauge("cv_worker_queued", "Sequences waiting in the local queue")
-KV_USED = Gauge("cv_worker_kv_blocks_used", "KV blocks in use (L1)")
-KV_TOTAL = Gauge("cv_worker_kv_blocks_total", "KV blocks in the pool (L1)")
-KV_CACHED = Gauge("cv_worker_kv_blocks_cached", "KV blocks held only by the prefix cache")
-PREEMPTIONS = Gauge("cv_worker_preemptions_total", "Sequences preempted (recompute) since start")
-GENERATED = Gauge("cv_worker_generated_tokens_total", "Output tokens generated since start")
-CACHED_PROMPT = Gauge("cv_worker_cached_prompt_tokens_total", "Prompt tokens served from the prefix cache")
-KV_MIGRATED = Counter(
-    "cv_worker_kv_migrated_tokens_total", "Prefix tokens sent or cached by KV migration", ["direction"]
-)
-
-
-def record_stats(stats: EngineStats) -> None:
-    RUNNING.set(stats.running)
-    QUEUED.set(stats.waiting)
-    KV_USED.set(stats.kv_blocks_used)
-    KV_TOTAL.set(stats.kv_blocks_total)
-    KV_CACHED.set(stats.kv_blocks_cached)
-    PREEMPTIONS.set(stats.preemptions_total)
-    GENERATED.set(stats.generated_tokens_total)
-    CACHED_PROMPT.set(stats.cached_prompt_tokens_total)
 
 
 @dataclass(frozen=True)
@@ -70,7 +43,11 @@ class PromptInput:
 _counter = itertools.count()
 
 
-class WorkerService:
+class WorkerFrontend:
+    """One model runner and its engine loop, as both edges see them.  ``tokenize`` and
+    ``build_request`` raise InvalidRequest (ContextLengthExceeded past the window) before the
+    engine sees anything; ``run`` streams until the request finishes or is cancelled."""
+
     def __init__(
         self,
         runner: ModelRunner,
@@ -160,7 +137,7 @@ class WorkerService:
             )
         )
         if prefix is not None:
-            KV_MIGRATED.labels("export").inc(prefix.num_tokens)
+            metrics.KV_MIGRATED.labels("export").inc(prefix.num_tokens)
         return prefix
 
     async def import_kv(self, prefix: KvPrefix) -> ImportResult | None:
@@ -175,7 +152,7 @@ class WorkerService:
             await self._transfer_sleep(self.runner.kv_transfer_seconds(prefix.num_tokens))
         result = await self.engine.call(lambda engine: import_prefix(engine.kv, engine.runner, prefix))
         if result is not None:
-            KV_MIGRATED.labels("import").inc(result.imported_tokens)
+            metrics.KV_MIGRATED.labels("import").inc(result.imported_tokens)
         return result
 
     async def run(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
@@ -186,7 +163,7 @@ class WorkerService:
         try:
             async for output in self.engine.generate(request):
                 if first and output.new_token_ids:
-                    TTFT.observe(time.monotonic() - start)
+                    metrics.TTFT.observe(time.monotonic() - start)
                     first = False
                 if output.finished:
                     status = "aborted" if output.finish_reason == "abort" else "ok"
@@ -198,6 +175,6 @@ class WorkerService:
             status = "error"
             raise
         finally:
-            REQUESTS.labels(status).inc()
+            metrics.REQUESTS.labels(status).inc()
             if status == "ok":
-                E2E.observe(time.monotonic() - start)
+                metrics.E2E.observe(time.monotonic() - start)

@@ -25,9 +25,8 @@ from clairvoyant.core.errors import ClairvoyantError, InvalidRequest, NoWorkers,
 from clairvoyant.core.grpcutil import abort
 from clairvoyant.core.telemetry import extract_context
 from clairvoyant.core.telemetry import tracer as get_tracer
-from clairvoyant.scheduler import convert
-from clairvoyant.scheduler import metrics as m
-from clairvoyant.scheduler.core import Decision, GlobalScheduler, Reclaimed, WorkerReport
+from clairvoyant.scheduler import convert, metrics
+from clairvoyant.scheduler.core import Decision, GlobalScheduler, Reclaimed
 from clairvoyant.scheduler.kv_migration import KvMove, KvMover
 from clairvoyant.scheduler.liveness import WorkerProber
 
@@ -145,7 +144,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         placements on it that it has not heard of for a while."""
         if stats.worker_id not in {w.worker_id for w in self.core.workers()}:
             logger.info("worker %s joined (model %s, %s)", stats.worker_id, stats.model, stats.grpc_address)
-        report = WorkerReport.from_proto(stats)
+        report = convert.worker_report(stats)
         now = self.clock.now()
         self.core.update_worker(report, now)
         if report.held_requests is not None:
@@ -161,10 +160,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             for worker, stats in zip(silent, answers, strict=True):
                 if stats is not None and stats.worker_id == worker.worker_id:
                     logger.debug("worker %s missed its heartbeats but answered Stats", worker.worker_id)
-                    m.WORKER_PROBES.labels("answered").inc()
+                    metrics.WORKER_PROBES.labels("answered").inc()
                     self.heard_from(stats)
                 else:
-                    m.WORKER_PROBES.labels("silent").inc()
+                    metrics.WORKER_PROBES.labels("silent").inc()
         for gone in self.core.expire_workers(self.clock.now()):
             logger.warning(
                 "worker %s expired: %d placements failed, %d queued requests rejected",
@@ -172,7 +171,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 len(gone.failed_request_ids),
                 len(gone.rejected_request_ids),
             )
-            m.PLACEMENTS_FAILED.labels(gone.model).inc(len(gone.failed_request_ids))
+            metrics.PLACEMENTS_FAILED.labels(gone.model).inc(len(gone.failed_request_ids))
             for request_id in gone.rejected_request_ids:
                 waiter = self._waiters.pop(request_id, None)
                 if waiter is not None and not waiter.done():
@@ -189,8 +188,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 gone.reason,
                 gone.owner,
             )
-            label = model or models.get(gone.worker_id, m.UNKNOWN_MODEL)
-            m.PLACEMENTS_RECLAIMED.labels(label, gone.reason).inc()
+            label = model or models.get(gone.worker_id, metrics.UNKNOWN_MODEL)
+            metrics.PLACEMENTS_RECLAIMED.labels(label, gone.reason).inc()
 
     def close(self) -> None:
         """Refuse new requests and fail the waiting ones, so shutdown does not wait on them."""
@@ -210,8 +209,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             self.core.submit(convert.queued_request(request, now), now)
         except ClairvoyantError as err:
             known = request.model in {w.model for w in self.core.workers()}
-            label = request.model if known else m.UNKNOWN_MODEL
-            m.REQUESTS.labels(label, _STATUS_BY_ERROR.get(type(err), "failed")).inc()
+            label = request.model if known else metrics.UNKNOWN_MODEL
+            metrics.REQUESTS.labels(label, _STATUS_BY_ERROR.get(type(err), "failed")).inc()
             raise
         waiter: asyncio.Future[Decision] = asyncio.get_running_loop().create_future()
         self._waiters[request.request_id] = waiter
@@ -224,7 +223,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             self._abandon(request.request_id, request.model, waiter)
             raise
         except ClairvoyantError:
-            m.REQUESTS.labels(request.model, "failed").inc()
+            metrics.REQUESTS.labels(request.model, "failed").inc()
             raise
         finally:
             self._sessions.pop(request.request_id, None)
@@ -233,7 +232,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         """The caller went away (cancelled or deadline): give back whatever it held."""
         if self._waiters.get(request_id) is waiter:
             del self._waiters[request_id]
-        m.REQUESTS.labels(model, "cancelled").inc()
+        metrics.REQUESTS.labels(model, "cancelled").inc()
         move = self._moving.pop(request_id, None)
         if self.core.cancel(request_id):
             logger.info("request %s cancelled while queued", request_id)
@@ -264,8 +263,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     task = asyncio.create_task(self._move_then_answer(move, decision, waiter))
                     self._moving[decision.request_id] = task
                 model = decision.worker.model
-                m.REQUESTS.labels(model, "placed").inc()
-                m.QUEUE_WAIT.labels(model).observe(decision.queue_wait_s)
+                metrics.REQUESTS.labels(model, "placed").inc()
+                metrics.QUEUE_WAIT.labels(model).observe(decision.queue_wait_s)
         self._publish_gauges()
 
     def _kv_move(self, decision: Decision) -> KvMove | None:
@@ -297,6 +296,6 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             workers[worker.model] = workers.get(worker.model, 0) + 1
         depths = self.core.queue_depths()
         for model in self._gauge_models | set(depths) | set(workers):
-            m.QUEUE_DEPTH.labels(model).set(depths.get(model, 0))
-            m.WORKERS.labels(model).set(workers.get(model, 0))
+            metrics.QUEUE_DEPTH.labels(model).set(depths.get(model, 0))
+            metrics.WORKERS.labels(model).set(workers.get(model, 0))
         self._gauge_models |= set(depths) | set(workers)

@@ -1,4 +1,5 @@
-"""Wires the profiler together: database -> store, gRPC server + health, the JetStream consumer."""
+"""The profiler's wiring: database -> store, the gRPC server (``grpc_api``) + health and the
+JetStream consumer (``consumer``); started and stopped together."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from clairvoyant.core import security
 from clairvoyant.core.bus import COMPLETIONS_STREAM, COMPLETIONS_SUBJECT, EventBus
 from clairvoyant.core.clock import Clock
 from clairvoyant.core.grpcutil import add_health, bind, mark_serving, new_server
-from clairvoyant.profiler import metrics as m
+from clairvoyant.profiler import metrics
 from clairvoyant.profiler.config import ProfilerSettings
 from clairvoyant.profiler.consumer import CompletionConsumer, Learner, WallClock
 from clairvoyant.profiler.core import ProfileStore
@@ -23,7 +24,7 @@ logger = logging.getLogger(__name__)
 SERVICE_NAME = profiler_pb2.DESCRIPTOR.services_by_name["Profiler"].full_name
 
 
-class ProfilerService:
+class ProfilerApp:
     """One profiler process.  ``start`` restores the profiles from the database, binds and starts
     consuming (without waiting for NATS); ``stop`` is graceful and idempotent."""
 
@@ -76,7 +77,7 @@ class ProfilerService:
                     "profile %s/%s keeps the settings it was learned with; changed CV_* model settings "
                     "apply to new profiles only", profile.tenant, profile.workflow_type_id,
                 )
-        m.PROFILES.set(len(self.store.profiles))
+        metrics.PROFILES.set(len(self.store.profiles))
         logger.info(
             "restored %d profile(s) from the database, replaying %d log entries",
             len(restored.profiles), sum(item.replayed for item in restored.profiles),

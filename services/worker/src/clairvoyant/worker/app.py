@@ -1,0 +1,156 @@
+"""The worker's wiring: loads the model runner, builds the engine and its loop thread, the gRPC
+Worker service (``grpc_api``, with grpc.health.v1), the OpenAI-compatible HTTP endpoint
+(``http_api``) and the stats heartbeat on NATS; starts them and stops them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import torch
+import uvicorn
+
+from clairvoyant.contracts.v1 import worker_pb2_grpc
+from clairvoyant.core import security
+from clairvoyant.core.bus import EventBus
+from clairvoyant.core.grpcutil import add_health, bind, mark_serving, new_server
+from clairvoyant.core.registry import Registry
+from clairvoyant.worker.config import WorkerSettings
+from clairvoyant.worker.core.engine import EngineConfig, LLMEngine
+from clairvoyant.worker.engine_loop import AsyncEngine
+from clairvoyant.worker.frontend import WorkerFrontend
+from clairvoyant.worker.grpc_api import WorkerServicer
+from clairvoyant.worker.heartbeat import Heartbeat
+from clairvoyant.worker.http_api import create_app
+from clairvoyant.worker.metrics import record_stats
+from clairvoyant.worker.rules import preset_rule
+from clairvoyant.worker.runners.base import ModelRunner, SizesOwnKvPool
+from clairvoyant.worker.runners.emulated import EmulatedRunner
+from clairvoyant.worker.runners.loader import load_runner
+
+logger = logging.getLogger("clairvoyant.worker")
+
+RUNNERS: Registry[ModelRunner] = Registry("runner")  # name -> factory(settings)
+
+
+@RUNNERS.register("torch")
+def _torch_runner(settings: WorkerSettings) -> ModelRunner:
+    return load_runner(settings.model, device=settings.device, max_model_len=settings.max_model_len)
+
+
+@RUNNERS.register("emulated")
+def _emulated_runner(settings: WorkerSettings) -> ModelRunner:
+    return EmulatedRunner(
+        settings.model,
+        settings.gpu,
+        settings.tensor_parallel,
+        max_model_len=settings.max_model_len,
+        absorb_host_time=True,
+    )
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn inside our event loop: signals belong to ``serve()``, not to uvicorn."""
+
+    def capture_signals(self) -> contextlib.AbstractContextManager[None]:  # type: ignore[override]
+        return contextlib.nullcontext()
+
+
+def engine_config(settings: WorkerSettings, runner: ModelRunner) -> EngineConfig:
+    num_blocks = settings.num_blocks
+    if not num_blocks and isinstance(runner, SizesOwnKvPool):
+        num_blocks = runner.default_num_blocks(settings.block_size) or 0
+    if not num_blocks:
+        block_bytes = runner.kv_bytes_per_token() * settings.block_size
+        num_blocks = max(16, settings.kv_cache_mb * 1024 * 1024 // block_bytes)
+    return EngineConfig(
+        block_size=settings.block_size,
+        num_blocks=num_blocks,
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        enable_prefix_cache=settings.enable_prefix_cache,
+        aging_rate=settings.aging_rate,
+    )
+
+
+def build_engine(runner: ModelRunner, config: EngineConfig) -> LLMEngine:
+    """The engine core; each request's scheduler preset picks its ranking rule (``rules``)."""
+    engine = LLMEngine(runner, config)
+    engine.scheduler.rule_factory = preset_rule
+    return engine
+
+
+SERVICE_NAME = "clairvoyant.v1.Worker"
+
+
+class WorkerApp:
+    """One worker process.  ``start`` loads the model and serves; ``stop`` drains and closes."""
+
+    def __init__(self, settings: WorkerSettings) -> None:
+        self.settings = settings
+        self.worker_id = settings.resolved_worker_id()
+        self._http: uvicorn.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        settings = self.settings
+        if settings.torch_threads:
+            torch.set_num_threads(settings.torch_threads)
+        logger.info("loading model %s (runner %s)", settings.model, settings.runner)
+        runner = RUNNERS.create(settings.runner, settings=settings)
+        config = engine_config(settings, runner)
+        self.engine = AsyncEngine(build_engine(runner, config), on_step=record_stats)
+        self.engine.start()
+
+        tls = security.configure(settings)  # the bus connects with its credentials too
+        self.server = new_server()
+        port = bind(self.server, f"{settings.host}:{settings.worker_grpc_port}", tls)
+        grpc_address = f"{settings.advertised()}:{port}"
+        http_address = (
+            f"http://{settings.advertised()}:{settings.worker_http_port}" if settings.worker_http_port else ""
+        )
+        self.heartbeat = Heartbeat(settings, runner, self.engine, grpc_address, http_address)
+        frontend = WorkerFrontend(runner, self.engine, self.worker_id)
+        worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(frontend, self.heartbeat), self.server)
+        self.health = add_health(self.server, [SERVICE_NAME])
+        await self.server.start()
+        await mark_serving(self.health, [SERVICE_NAME])
+
+        if settings.worker_http_port:
+            self._http = _EmbeddedServer(
+                uvicorn.Config(
+                    create_app(frontend, self.heartbeat),
+                    host=settings.host,
+                    port=settings.worker_http_port,
+                    log_level="warning",
+                    lifespan="off",
+                )
+            )
+            self._tasks.append(asyncio.create_task(self._http.serve()))
+
+        self.bus = EventBus(
+            settings.nats_url, f"worker-{self.worker_id}", connect_timeout_s=settings.nats_connect_timeout_s
+        )
+        await self.bus.connect()
+        self._tasks.append(asyncio.create_task(self.heartbeat.run(self.bus)))
+        logger.info(
+            "worker %s serving %s: grpc %s, http %s, %d KV blocks of %d tokens, batch %d",
+            self.worker_id, runner.info.name, grpc_address, http_address or "off",
+            config.num_blocks, config.block_size, config.max_num_seqs,
+        )
+
+    async def stop(self) -> None:
+        logger.info("worker %s stopping", self.worker_id)
+        self.heartbeat.draining = True
+        await mark_serving(self.health, [SERVICE_NAME], serving=False)
+        if self._http is not None:
+            self._http.should_exit = True
+        await self.server.stop(grace=2.0)
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.bus.close()
+        self.engine.stop()
