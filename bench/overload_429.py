@@ -42,7 +42,7 @@ import grpc
 import nats
 
 from clairvoyant.contracts.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2, worker_pb2_grpc
-from clairvoyant.core.natsserver import NatsServer, free_port
+from clairvoyant.stack.natsserver import NatsServer, free_port
 
 MODEL = "bench-model"
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from clairvoyant.core.natsserver import NatsServer, free_port
+from clairvoyant.stack.natsserver import NatsServer, free_port
 
 
 def docker_available() -> bool:

@@ -15,8 +15,8 @@ import pytest
 from clairvoyant.bench.__main__ import main
 from clairvoyant.bench.experiment import ExperimentConfig, instance
 from clairvoyant.bench.workloads import get_workload
-from clairvoyant.core.natsserver import free_port
-from clairvoyant.core.stack import Stack, StackConfig
+from clairvoyant.stack import Stack, StackConfig
+from clairvoyant.stack.natsserver import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

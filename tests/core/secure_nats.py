@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from clairvoyant.core.natsserver import find_nats_server, free_port, port_open
+from clairvoyant.stack.natsserver import find_nats_server, free_port, port_open
 from tests.core.certs import TestCA
 
 

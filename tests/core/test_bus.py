@@ -17,7 +17,7 @@ from clairvoyant.core.bus import (
     EventBus,
     worker_stats_subject,
 )
-from clairvoyant.core.natsserver import NatsServer, free_port
+from clairvoyant.stack.natsserver import NatsServer, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from clairvoyant.core import natsserver
-from clairvoyant.core.natsserver import free_port, free_ports
-from clairvoyant.core.stack import StackConfig
+from clairvoyant.stack import StackConfig, natsserver
+from clairvoyant.stack.natsserver import free_port, free_ports
 
 pytestmark = pytest.mark.unit
 

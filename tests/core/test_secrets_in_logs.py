@@ -1,4 +1,4 @@
-"""No secret reaches a log: a whole stack (``python -m clairvoyant.core.stack``) runs with a NATS
+"""No secret reaches a log: a whole stack (``python -m clairvoyant.stack``) runs with a NATS
 password in its URL, NATS over mutual TLS, gRPC over mutual TLS and a created API key, serves
 requests, stops, and its combined log (every service, at DEBUG) is searched for each secret."""
 
@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from clairvoyant.core.logs import mask_url, redact, register_secret
-from clairvoyant.core.natsserver import free_port
+from clairvoyant.stack.natsserver import free_port
 from tests.core.certs import TestCA
 from tests.core.secure_nats import secure_nats_server
 
@@ -114,7 +114,7 @@ def test_a_secured_stack_logs_no_secret(tmp_path: Path) -> None:
         }
         log = tmp_path / "stack.log"
         with log.open("wb") as out:
-            stack = subprocess.Popen([sys.executable, "-m", "clairvoyant.core.stack"], env=env, cwd=tmp_path,
+            stack = subprocess.Popen([sys.executable, "-m", "clairvoyant.stack"], env=env, cwd=tmp_path,
                                      stdout=out, stderr=subprocess.STDOUT)
         try:
             wait_for_line(log, "ready: OpenAI-compatible API", stack, timeout=200)

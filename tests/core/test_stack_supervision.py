@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from clairvoyant.core.stack import RestartPolicy, Service, Stack, StackConfig, describe_exit
+from clairvoyant.stack import RestartPolicy, Service, Stack, StackConfig, describe_exit
 
 pytestmark = pytest.mark.unit
 

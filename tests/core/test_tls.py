@@ -32,11 +32,11 @@ from clairvoyant.core.grpcutil import (
     process_tls,
     sync_channel,
 )
-from clairvoyant.core.natsserver import free_port
 from clairvoyant.gateway.config import GatewaySettings
 from clairvoyant.gateway.server import GatewayServer
 from clairvoyant.scheduler.app import SchedulerApp
 from clairvoyant.scheduler.config import SchedulerSettings
+from clairvoyant.stack.natsserver import free_port
 from tests.core.certs import CertFiles, TestCA
 from tests.gateway.fakes import MODEL, FakeScheduler, FakeWorker, WorkerEntry
 

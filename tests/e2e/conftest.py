@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from clairvoyant.core.stack import Stack, StackConfig
+from clairvoyant.stack import Stack, StackConfig
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 from openai import OpenAI
 
 from clairvoyant.contracts.v1 import scheduler_pb2, scheduler_pb2_grpc
-from clairvoyant.core.stack import Stack
+from clairvoyant.stack import Stack
 from tests.e2e.test_stack_openai import MODEL, records
 from tests.gateway.test_bad_input import assert_openai_error, catalogue
 

@@ -22,8 +22,8 @@ from nats.js.api import DeliverPolicy
 
 from clairvoyant.contracts.v1 import common_pb2
 from clairvoyant.core.bus import COMPLETIONS_SUBJECT
-from clairvoyant.core.natsserver import NatsServer
-from clairvoyant.core.stack import Stack, StackConfig
+from clairvoyant.stack import Stack, StackConfig
+from clairvoyant.stack.natsserver import NatsServer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -13,7 +13,7 @@ from openai import AsyncOpenAI, OpenAI
 
 from clairvoyant.contracts.v1 import common_pb2
 from clairvoyant.core.bus import COMPLETIONS_STREAM, COMPLETIONS_SUBJECT
-from clairvoyant.core.stack import Stack
+from clairvoyant.stack import Stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 MODEL = "tiny-random"

@@ -20,7 +20,7 @@ import pytest
 from openai import OpenAI
 
 from clairvoyant.contracts.v1 import common_pb2, profiler_pb2, profiler_pb2_grpc
-from clairvoyant.core.stack import Stack, StackConfig
+from clairvoyant.stack import Stack, StackConfig
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 

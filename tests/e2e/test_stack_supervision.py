@@ -25,7 +25,7 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 
 from clairvoyant.contracts.v1 import scheduler_pb2, scheduler_pb2_grpc
-from clairvoyant.core.stack import Stack, StackConfig
+from clairvoyant.stack import Stack, StackConfig
 from tests.e2e.test_stack_openai import MODEL, records
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -132,7 +132,7 @@ def test_the_launcher_restarts_a_crashed_worker_and_stops_everything_on_sigterm(
                                        worker_env={"CV_TORCH_THREADS": "1", "CV_NUM_BLOCKS": "256"})
     gateway_port = config.gateway_port
     fields = {**dataclasses.asdict(config), "var_dir": str(config.var_dir)}
-    script = ("import json, sys; from pathlib import Path; from clairvoyant.core.stack import StackConfig, main; "
+    script = ("import json, sys; from pathlib import Path; from clairvoyant.stack import StackConfig, main; "
               "fields = json.loads(sys.argv[1]); fields['var_dir'] = Path(fields['var_dir']); "
               "sys.exit(main([], StackConfig(**fields)))")
     log_path = tmp_path / "launcher.log"

@@ -16,9 +16,9 @@ from openai import AsyncOpenAI
 
 from clairvoyant.contracts.v1 import common_pb2
 from clairvoyant.core.bus import COMPLETIONS_STREAM, COMPLETIONS_SUBJECT, EventBus
-from clairvoyant.core.natsserver import free_port as pick_free_port
 from clairvoyant.gateway.config import GatewaySettings
 from clairvoyant.gateway.server import GatewayServer
+from clairvoyant.stack.natsserver import free_port as pick_free_port
 from tests.gateway.fakes import FakeProfiler, FakeScheduler, FakeWorker, WorkerEntry, start_server
 
 

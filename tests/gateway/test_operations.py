@@ -21,8 +21,8 @@ from prometheus_client import REGISTRY
 
 from clairvoyant.contracts.v1 import common_pb2
 from clairvoyant.core.bus import COMPLETIONS_SUBJECT
-from clairvoyant.core.natsserver import NatsServer, free_port
 from clairvoyant.core.telemetry import setup_tracing
+from clairvoyant.stack.natsserver import NatsServer, free_port
 from tests.gateway.conftest import StackFactory, add_completions_stream
 from tests.gateway.fakes import MODEL, FakeScheduler, FakeWorker, WorkerEntry, start_server
 

@@ -20,7 +20,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from clairvoyant.core.natsserver import free_port
+from clairvoyant.stack.natsserver import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from clairvoyant.core.natsserver import free_port
 from clairvoyant.profiler.persistence import DatabaseUnavailable, ProfileRepository
+from clairvoyant.stack.natsserver import free_port
 
 
 @pytest.mark.integration

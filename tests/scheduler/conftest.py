@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from clairvoyant.core.natsserver import NatsServer
-from clairvoyant.core.natsserver import free_port as _free_port
+from clairvoyant.stack.natsserver import NatsServer
+from clairvoyant.stack.natsserver import free_port as _free_port
 
 
 def free_port() -> int:

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from clairvoyant.core.natsserver import free_port
+from clairvoyant.stack.natsserver import free_port
 from clairvoyant.worker.costmodel.gpus import H100_80G
 from clairvoyant.worker.costmodel.models import LLAMA_31_8B
 from clairvoyant.worker.costmodel.roofline import BatchItem, CostModel

@@ -27,7 +27,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from clairvoyant.contracts.v1 import worker_pb2_grpc
 from clairvoyant.core.bus import EventBus
 from clairvoyant.core.grpcutil import new_server
-from clairvoyant.core.natsserver import free_port
 from clairvoyant.core.telemetry import setup_tracing
 from clairvoyant.gateway.config import GatewaySettings
 from clairvoyant.gateway.server import GatewayServer
@@ -35,15 +34,16 @@ from clairvoyant.scheduler.app import SchedulerApp
 from clairvoyant.scheduler.config import SchedulerSettings
 from clairvoyant.scheduler.core import PRESETS, PRIORITY_POLICIES, EngineRanked, KQueueRule
 from clairvoyant.scheduler.core.pythia import PythiaAgingRule
-from clairvoyant.worker.app import build_engine, engine_config
+from clairvoyant.stack.natsserver import free_port
+from clairvoyant.worker.__main__ import build_engine, engine_config
 from clairvoyant.worker.config import WorkerSettings
 from clairvoyant.worker.core.engine import LLMEngine
 from clairvoyant.worker.engine_loop import AsyncEngine
-from clairvoyant.worker.frontend import WorkerFrontend
 from clairvoyant.worker.grpc_api import WorkerServicer
 from clairvoyant.worker.heartbeat import Heartbeat
 from clairvoyant.worker.rules import preset_rule
 from clairvoyant.worker.runners.emulated import EmulatedRunner
+from clairvoyant.worker.service import WorkerService
 from tests.worker.fakes import Clock, letters, make_engine, request
 
 MODEL = "llama-3.1-8b"
@@ -188,7 +188,7 @@ async def live(nats_server: str, tmp_path: Path, spans: InMemorySpanExporter) ->
     server = new_server()
     port = server.add_insecure_port("127.0.0.1:0")
     heartbeat = Heartbeat(settings, runner, engine, f"127.0.0.1:{port}", "")
-    service = WorkerFrontend(runner, engine, settings.worker_id)
+    service = WorkerService(runner, engine, settings.worker_id)
     worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(service, heartbeat), server)
     await server.start()
     worker_bus = EventBus(nats_server, "worker-rules-test", connect_timeout_s=1.0)

@@ -31,7 +31,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 
 from clairvoyant.bench.common import BENCHMARKS, BenchResult, percentile, progress
 from clairvoyant.bench.gateway_overhead import MESSAGES, MODEL, start_stack
-from clairvoyant.core.natsserver import free_port
+from clairvoyant.stack.natsserver import free_port
 
 STAGES = (
     "HTTP in: client send -> gateway.request starts",

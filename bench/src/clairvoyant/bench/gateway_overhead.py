@@ -35,7 +35,7 @@ from clairvoyant.contracts.v1 import (
     worker_pb2,
     worker_pb2_grpc,
 )
-from clairvoyant.core.stack import Stack, StackConfig
+from clairvoyant.stack import Stack, StackConfig
 
 MODEL = "tiny-random"
 GOAL_ADDED_P50_MS = 2.0

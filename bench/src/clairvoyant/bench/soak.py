@@ -47,7 +47,7 @@ from clairvoyant.bench.common import BENCHMARKS, BenchResult, progress
 from clairvoyant.bench.soak_traffic import MODEL, Answer, Traffic
 from clairvoyant.contracts.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from clairvoyant.core.bus import COMPLETIONS_STREAM, COMPLETIONS_SUBJECT
-from clairvoyant.core.stack import Stack, StackConfig
+from clairvoyant.stack import Stack, StackConfig
 
 DEFAULT_DURATION_S = 600.0
 WINDOWS = ("baseline", "worker SIGKILL", "NATS restart", "scheduler restart", "gateway restart")
@@ -72,7 +72,7 @@ class Soak:
         self.stack = stack
         self.args = args
         # Faults run on this executor's thread, which must outlive the run: a service restarted
-        # from a thread gets SIGTERM when that thread ends (``core.stack._die_with_parent``).
+        # from a thread gets SIGTERM when that thread ends (``clairvoyant.stack.launcher._die_with_parent``).
         self.injector = injector
         self.outcomes: list[Outcome] = []
         self.faults: list[float] = []  # when each fault was injected, seconds since the start

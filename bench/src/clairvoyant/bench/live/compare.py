@@ -40,8 +40,8 @@ from clairvoyant.bench.live.prompts import ALPHABET
 from clairvoyant.bench.live.run import LiveOptions, drive
 from clairvoyant.bench.sim.simulator import ReplicaSpec
 from clairvoyant.bench.workloads import get_workload, list_workloads
-from clairvoyant.core.natsserver import free_port
 from clairvoyant.scheduler.core import PRESETS
+from clairvoyant.stack.natsserver import free_port
 
 BASELINE = "fcfs-rr"
 ROUTER = "sglang-router"

@@ -2,7 +2,7 @@
 
     NATS ── worker × N (each its own model, gRPC + OpenAI HTTP) ── scheduler(preset) ── gateway
 
-``core.stack.Stack`` serves one model; ``live-compare`` needs the simulated cluster of a
+``clairvoyant.stack.Stack`` serves one model; ``live-compare`` needs the simulated cluster of a
 multi-model workload (coding_assistant: qwen2.5-14b and qwen2.5-7b) and a scheduler that can be
 restarted with another preset while the workers and the gateway keep running, which is how an
 operator switches presets.  No profiler: the compared arms read no annotations live (a profile
@@ -26,7 +26,7 @@ import grpc
 import httpx
 
 from clairvoyant.contracts.v1 import scheduler_pb2, scheduler_pb2_grpc
-from clairvoyant.core.natsserver import NatsServer, free_port
+from clairvoyant.stack.natsserver import NatsServer, free_port
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """``python -m clairvoyant.bench sim-vs-live``: the simulator against a live stack, same experiment.
 
-Starts a stack (``core.stack.Stack``: NATS, scheduler with ``--policy``, one emulated worker per
+Starts a stack (``clairvoyant.stack.Stack``: NATS, scheduler with ``--policy``, one emulated worker per
 replica the simulator's ``build_cluster`` gives ``--gpus``, gateway) whose workers have the
 simulated replicas' engine settings (GPU, model, tensor-parallel degree, KV pool, batch and token
 budget); measures, on the idle stack, the two costs a live request pays that the simulator does
@@ -42,8 +42,8 @@ from clairvoyant.bench.metrics import summarize
 from clairvoyant.bench.sim.simulator import ReplicaSpec, Simulator
 from clairvoyant.bench.workloads import get_workload, list_workloads
 from clairvoyant.bench.workloads.program import WorkflowProgram
-from clairvoyant.core.stack import Stack, StackConfig
 from clairvoyant.scheduler.core import PRESETS
+from clairvoyant.stack import Stack, StackConfig
 from clairvoyant.worker.costmodel.roofline import BatchItem, CostModel
 from clairvoyant.worker.runners.emulated import EmulatedRunner
 

