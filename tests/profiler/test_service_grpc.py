@@ -11,9 +11,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clairvoyant.contracts.v1 import common_pb2, profiler_pb2, profiler_pb2_grpc
 from clairvoyant.core.errors import ERROR_TRAILER
+from clairvoyant.profiler.app import SERVICE_NAME, ProfilerApp
 from clairvoyant.profiler.config import ProfilerSettings
 from clairvoyant.profiler.persistence import ProfileRepository, ProfileSnapshot
-from clairvoyant.profiler.service import SERVICE_NAME, ProfilerService
 from clairvoyant.stack.natsserver import free_port
 from tests.profiler.test_service_records import completion_records, reference_store, small_config
 
@@ -37,7 +37,7 @@ async def stub(tmp_path: Path) -> AsyncIterator[profiler_pb2_grpc.ProfilerStub]:
         profiler_port=0,
         metrics_port=0,
     )
-    service = ProfilerService(settings)
+    service = ProfilerApp(settings)
     await service.start()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{service.port}") as channel:

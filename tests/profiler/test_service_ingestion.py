@@ -18,9 +18,9 @@ from prometheus_client import REGISTRY
 from clairvoyant.contracts.v1 import common_pb2, profiler_pb2, profiler_pb2_grpc
 from clairvoyant.core.bus import COMPLETIONS_STREAM, COMPLETIONS_SUBJECT
 from clairvoyant.core.clock import ManualClock
+from clairvoyant.profiler.app import ProfilerApp
 from clairvoyant.profiler.config import ProfilerSettings
 from clairvoyant.profiler.persistence import LogEntry, ProfileRepository, ProfileSnapshot
-from clairvoyant.profiler.service import ProfilerService
 from clairvoyant.stack.natsserver import NatsServer, free_port
 from tests.profiler.test_service_records import EPOCH, completion_records, reference_store, small_config
 
@@ -107,7 +107,7 @@ async def test_nothing_lost_and_nothing_counted_twice_across_a_crash_and_restart
 
     # Run 1: five batches are stored and acked, then every write fails; stop in that state.
     crashing = CrashingRepository(database_url, healthy_appends=5)
-    service = ProfilerService(settings(nats_url, database_url), clock=clock, repository=crashing)
+    service = ProfilerApp(settings(nats_url, database_url), clock=clock, repository=crashing)
     await service.start()
     await until(crashing.failed.is_set, "the write to fail")
     in_memory = len(service.store.profile("acme", "coding").to_state()["seen"])
@@ -121,7 +121,7 @@ async def test_nothing_lost_and_nothing_counted_twice_across_a_crash_and_restart
     skipped, undecodable, duplicates = records_total("no_workflow"), records_total("undecodable"), records_total(
         "duplicate"
     )
-    service = ProfilerService(settings(nats_url, database_url), clock=clock)
+    service = ProfilerApp(settings(nats_url, database_url), clock=clock)
     await service.start()
     assert len(service.store.profile("acme", "coding").to_state()["seen"]) == 5 * BATCH
     anonymous = common_pb2.CompletionRecord(request_id="no-meta", tenant="acme")
@@ -192,7 +192,7 @@ async def test_a_restart_after_a_crash_before_the_snapshot_replays_the_log_to_th
 
     # Run 1: every record is logged and acked; every snapshot (due every 40 changes) fails.
     failing = SnapshotlessRepository(database_url)
-    service = ProfilerService(settings(nats_url, database_url, snapshot_every_records=40), clock=clock,
+    service = ProfilerApp(settings(nats_url, database_url, snapshot_every_records=40), clock=clock,
                               repository=failing)  # fmt: skip
     await service.start()
     await until(drained, "every record to be acked")
@@ -204,7 +204,7 @@ async def test_a_restart_after_a_crash_before_the_snapshot_replays_the_log_to_th
     stored.close()
 
     # Run 2 restores from the log alone: exactly what run 1 had, and what the core alone learns.
-    service = ProfilerService(settings(nats_url, database_url, snapshot_every_records=40), clock=clock)
+    service = ProfilerApp(settings(nats_url, database_url, snapshot_every_records=40), clock=clock)
     await service.start()
     restored = service.store.profile("acme", "coding")
     assert restored.to_state() == never_restarted.to_state()
@@ -233,7 +233,7 @@ async def test_without_nats_annotate_serves_from_memory_and_learning_resumes_whe
     repository.close()
     port = free_port()
     nats_url = f"nats://127.0.0.1:{port}"
-    service = ProfilerService(settings(nats_url, database_url), clock=ManualClock(EPOCH))
+    service = ProfilerApp(settings(nats_url, database_url), clock=ManualClock(EPOCH))
     await asyncio.wait_for(service.start(), timeout=30)  # returns although NATS is down
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{service.port}") as channel:

@@ -35,15 +35,15 @@ from clairvoyant.scheduler.config import SchedulerSettings
 from clairvoyant.scheduler.core import PRESETS, PRIORITY_POLICIES, EngineRanked, KQueueRule
 from clairvoyant.scheduler.core.pythia import PythiaAgingRule
 from clairvoyant.stack.natsserver import free_port
-from clairvoyant.worker.__main__ import build_engine, engine_config
+from clairvoyant.worker.app import build_engine, engine_config
 from clairvoyant.worker.config import WorkerSettings
 from clairvoyant.worker.core.engine import LLMEngine
 from clairvoyant.worker.engine_loop import AsyncEngine
+from clairvoyant.worker.frontend import WorkerFrontend
 from clairvoyant.worker.grpc_api import WorkerServicer
 from clairvoyant.worker.heartbeat import Heartbeat
 from clairvoyant.worker.rules import preset_rule
 from clairvoyant.worker.runners.emulated import EmulatedRunner
-from clairvoyant.worker.service import WorkerService
 from tests.worker.fakes import Clock, letters, make_engine, request
 
 MODEL = "llama-3.1-8b"
@@ -188,7 +188,7 @@ async def live(nats_server: str, tmp_path: Path, spans: InMemorySpanExporter) ->
     server = new_server()
     port = server.add_insecure_port("127.0.0.1:0")
     heartbeat = Heartbeat(settings, runner, engine, f"127.0.0.1:{port}", "")
-    service = WorkerService(runner, engine, settings.worker_id)
+    service = WorkerFrontend(runner, engine, settings.worker_id)
     worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(service, heartbeat), server)
     await server.start()
     worker_bus = EventBus(nats_server, "worker-rules-test", connect_timeout_s=1.0)

@@ -7,7 +7,7 @@
 For each database and each history (a profile that starts fresh, and one that already remembers
 ``--history`` request ids), ``--records`` generated completion records of one workflow type are
 published to a private NATS server (a child nats-server on a free port) before the real
-``ProfilerService`` starts; the clock runs from the end of its start-up (restoring the profile
+``ProfilerApp`` starts; the clock runs from the end of its start-up (restoring the profile
 from the database, not timed) until JetStream reports every record acked, so the rate includes
 decoding, learning, the log appends, the periodic snapshots and the acks.  PostgreSQL runs when
 ``--database-url`` or ``CV_TEST_DATABASE_URL`` names one (in a schema of its own, dropped after).
@@ -37,10 +37,10 @@ from clairvoyant.contracts.v1 import common_pb2
 from clairvoyant.core.bus import COMPLETIONS_STREAM, COMPLETIONS_SUBJECT
 from clairvoyant.core.clock import ManualClock
 from clairvoyant.profiler import convert
+from clairvoyant.profiler.app import ProfilerApp
 from clairvoyant.profiler.config import ProfilerSettings
 from clairvoyant.profiler.core import ProfileStore, WorkflowProfile
 from clairvoyant.profiler.persistence import ProfileRepository, ProfileSnapshot, scratch_schema
-from clairvoyant.profiler.service import ProfilerService
 from clairvoyant.stack.natsserver import NatsServer
 
 TENANT = "bench"
@@ -141,7 +141,7 @@ async def service_run(
             "snapshot_every_records": args.snapshot_every,
         })  # fmt: skip
         # The records' own time scale, standing still: no instance goes idle during the run.
-        service = ProfilerService(settings, clock=ManualClock(EPOCH))
+        service = ProfilerApp(settings, clock=ManualClock(EPOCH))
         began = time.perf_counter()
         await service.start()
         restored = time.perf_counter()
