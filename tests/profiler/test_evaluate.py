@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from clairvoyant.profiler.core.confidence import ConfidenceConfig
-from clairvoyant.profiler.core.profile import ProfileConfig
+from clairvoyant.profiler.core.profile_types import ProfileConfig
 from clairvoyant.profiler.evaluation.cli import main
 from clairvoyant.profiler.evaluation.data import DataError, load_workflows, source
 from clairvoyant.profiler.evaluation.replay import replay

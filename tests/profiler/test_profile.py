@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 
 from clairvoyant.profiler.core.confidence import ConfidenceConfig, Tier
-from clairvoyant.profiler.core.profile import (
+from clairvoyant.profiler.core.profile import WorkflowProfile
+from clairvoyant.profiler.core.profile_types import (
     Annotation,
     CallRecord,
     IngestStatus,
     ProfileConfig,
-    ProfileStore,
-    WorkflowProfile,
 )
+from clairvoyant.profiler.core.store import ProfileStore
 from clairvoyant.profiler.core.trace import Call, Step
 from tests.profiler.generators import EXPECTED, S, listing1, timed_calls
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from clairvoyant.profiler.core.paths import PathModel
-from clairvoyant.profiler.core.profile import CallRecord, WorkflowProfile
+from clairvoyant.profiler.core.profile import WorkflowProfile
+from clairvoyant.profiler.core.profile_types import CallRecord
 from clairvoyant.profiler.core.stats import ConvergenceTracker
 from clairvoyant.profiler.core.synthesis import dominant_bounds
 from clairvoyant.profiler.core.trace import Call, IncrementalTrace, build_trace

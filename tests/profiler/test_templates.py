@@ -9,13 +9,13 @@ import pytest
 
 from clairvoyant.core.blockhash import BLOCK_TOKENS, chain_hashes, sequence_hashes
 from clairvoyant.profiler.core.confidence import ConfidenceConfig, Tier
-from clairvoyant.profiler.core.profile import (
+from clairvoyant.profiler.core.profile import WorkflowProfile
+from clairvoyant.profiler.core.profile_types import (
     CallRecord,
     IngestStatus,
     ProfileConfig,
-    ProfileStore,
-    WorkflowProfile,
 )
+from clairvoyant.profiler.core.store import ProfileStore
 from clairvoyant.profiler.core.templates import ChainStore, TemplateConfig, TemplateLearner, static_run
 
 pytestmark = pytest.mark.unit

@@ -15,7 +15,13 @@ order data flows through them:
     ranking.py         Kairos agent rank (Wasserstein + 1-D MDS with a zero anchor)
     confidence.py      shadow / low / high tiers (Pythia shadow profiling, SAGA cold start)
     templates.py       prompt-composition templates from chained block hashes, static prefixes
-    profile.py         WorkflowProfile: incremental ingestion, annotate, plain-dict state
+    profile_types.py   a profile's records, results, annotations and settings
+    open_instance.py   one open workflow instance: calls, incremental trace, position cache
+    workload_stats.py  per-agent and per-workflow statistics of closed instances, convergence
+    prediction.py      a request's position in the path model, look-ahead, annotation tables
+    profile.py         WorkflowProfile: incremental ingestion, learning at close, annotate,
+                       plain-dict state
+    store.py           ProfileStore: one profile per (tenant, workflow type)
 """
 
 from clairvoyant.profiler.core.automaton import TransitionAutomaton
@@ -32,16 +38,16 @@ from clairvoyant.profiler.core.paths import (
     future_agents,
     project,
 )
-from clairvoyant.profiler.core.profile import (
+from clairvoyant.profiler.core.profile import WorkflowProfile
+from clairvoyant.profiler.core.profile_types import (
     Annotation,
     CallRecord,
     IngestResult,
     IngestStatus,
     ProfileConfig,
-    ProfileStore,
-    WorkflowProfile,
 )
 from clairvoyant.profiler.core.ranking import AgentRanking, kairos_ranking
+from clairvoyant.profiler.core.store import ProfileStore
 from clairvoyant.profiler.core.synthesis import SynthesisConfig, SynthesisResult, synthesize
 from clairvoyant.profiler.core.templates import AgentTemplate, ChainStore, TemplateConfig, TemplateLearner
 from clairvoyant.profiler.core.trace import Call, Step, WorkflowTrace, build_trace
