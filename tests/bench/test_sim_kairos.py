@@ -8,7 +8,7 @@ from clairvoyant.bench.sim.simulator import ReplicaSpec, Simulator
 from clairvoyant.bench.sim.unit_time import UnitTimeRunner
 from clairvoyant.bench.workloads.program import Call, NewSegment, WorkflowProgram
 from clairvoyant.scheduler.core import GlobalScheduler
-from clairvoyant.scheduler.core.kairos import KairosPriority, KairosTimeSlotRouting, TimeSlotConfig
+from clairvoyant.policy.kairos import KairosPriority, KairosTimeSlotRouting, TimeSlotConfig
 from clairvoyant.worker.core.engine import EngineConfig
 
 pytestmark = pytest.mark.unit

@@ -11,7 +11,7 @@ from clairvoyant.bench.sim.simulator import ReplicaSpec, Simulator
 from clairvoyant.bench.sim.unit_time import UnitTimeRunner
 from clairvoyant.bench.workloads.program import Call, NewSegment, WorkflowProgram
 from clairvoyant.scheduler.core import GlobalScheduler, KQueueConfig, KQueuePriority
-from clairvoyant.scheduler.core.autellix import LeastUsedRouting, LocalityLoadBalancer
+from clairvoyant.policy.autellix import LeastUsedRouting, LocalityLoadBalancer
 from clairvoyant.worker.core.engine import EngineConfig
 
 pytestmark = pytest.mark.unit

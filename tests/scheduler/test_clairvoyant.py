@@ -7,6 +7,13 @@ import pytest
 
 from clairvoyant.contracts.v1 import common_pb2
 from clairvoyant.core.app_metadata import AppMetadata
+from clairvoyant.policy.clairvoyant import (
+    ClairvoyantPriority,
+    ClairvoyantPriorityConfig,
+    ClairvoyantRouting,
+    ClairvoyantRoutingConfig,
+)
+from clairvoyant.policy.pythia import PythiaAgingRule
 from clairvoyant.scheduler.core import (
     PRESETS,
     GlobalScheduler,
@@ -15,13 +22,6 @@ from clairvoyant.scheduler.core import (
     WorkerReport,
     WorkerView,
 )
-from clairvoyant.scheduler.core.clairvoyant import (
-    ClairvoyantPriority,
-    ClairvoyantPriorityConfig,
-    ClairvoyantRouting,
-    ClairvoyantRoutingConfig,
-)
-from clairvoyant.scheduler.core.pythia import PythiaAgingRule
 
 pytestmark = pytest.mark.unit
 
@@ -60,7 +60,7 @@ def view(worker_id: str, *, placed: int = 0, blocks: int = 100) -> WorkerView:
 
 
 def test_preset_is_registered() -> None:
-    assert PRESETS.create("clairvoyant") == ("clairvoyant", "clairvoyant")
+    assert PRESETS.create("clairvoyant")[:2] == ("clairvoyant", "clairvoyant")
 
 
 # ---- priority ---------------------------------------------------------------------------------

@@ -8,13 +8,14 @@ import pytest
 
 from clairvoyant.contracts.v1 import worker_pb2
 from clairvoyant.core.errors import InvalidRequest, NoWorkers, QueueFull
+from clairvoyant.policy.scheduling import FcfsPriority
+from clairvoyant.scheduler import convert
 from clairvoyant.scheduler.core import (
     GlobalScheduler,
     QueuedRequest,
     WorkerReport,
     WorkerView,
 )
-from clairvoyant.scheduler.core.policies import FcfsPriority
 
 pytestmark = pytest.mark.unit
 
@@ -309,7 +310,7 @@ def test_heartbeat_proto_and_snapshot_numbers() -> None:
         max_model_len=2048,
         heartbeat_interval_s=0.5,
     )
-    sched.update_worker(stats, now=1.0)
+    sched.update_worker(convert.worker_report(stats), now=1.0)
     sched.submit(req("r1"), now=1.0)
     sched.submit(req("r2"), now=1.0)
     placed_on(sched, 1.0)

@@ -1,7 +1,7 @@
 """Incremental ranking is exact: every preset decides as a full re-rank of the queue would.
 
-A preset's scheduler (heaps kept across dispatches through ``FixedPriority`` or
-``IncrementalPriority``, routing with its per-worker caches) and a reference scheduler (the same
+A preset's scheduler (heaps kept across dispatches through ``FIXED_PRIORITY`` or
+``INCREMENTAL_PRIORITY``, routing with its per-worker caches) and a reference scheduler (the same
 priority behind a wrapper that hides those hooks, so every dispatch evaluates every queued request,
 and routing policies with their caches off) see the same random submits, cancellations,
 completions, heartbeats, drains, expiries, workflow ends and dispatches; they must make the same
@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 from clairvoyant.contracts.v1 import common_pb2
 from clairvoyant.core.app_metadata import AppMetadata
 from clairvoyant.core.errors import NoWorkers
+from clairvoyant.policy import Capability, capabilities_of
+from clairvoyant.policy.scheduling import PriorityPolicy
 from clairvoyant.scheduler.core import PRESETS, GlobalScheduler, QueuedRequest, WorkerReport, build_policies
-from clairvoyant.scheduler.core.policies import FixedPriority, IncrementalPriority, PriorityPolicy
 
 pytestmark = pytest.mark.unit
 
@@ -32,12 +33,17 @@ KINDS = ("submit", "submit", "submit", "dispatch", "dispatch", "complete", "comp
 
 
 def full_rerank(policy: PriorityPolicy) -> Any:
-    """``policy`` without FixedPriority and IncrementalPriority: the scheduler re-ranks it all."""
+    """``policy`` without FIXED_PRIORITY and INCREMENTAL_PRIORITY: the scheduler re-ranks it all."""
     methods: dict[str, Any] = {"priority": lambda self, request, now: policy.priority(request, now)}
-    for name in ("bind_programs", "bind_scheduler"):
-        if hasattr(policy, name):
-            methods[name] = (lambda bound: lambda self, arg: bound(arg))(getattr(policy, name))
+    kept = capabilities_of(policy) & {Capability.PROGRAM_AWARE, Capability.SCHEDULER_AWARE}
+    for capability in kept:
+        methods[capability.value] = _forward(getattr(policy, capability.value))
+    methods["capabilities"] = frozenset(kept)
     return type("FullRerank", (), methods)()
+
+
+def _forward(hook: Any) -> Any:
+    return lambda self, arg: hook(arg)
 
 
 def reference_routing(routing: Any) -> Any:
@@ -210,8 +216,9 @@ def test_the_reference_really_re_ranks_and_the_presets_really_do_not() -> None:
     for preset in PRESETS.names():
         priority, _ = build_policies(preset)
         hidden = full_rerank(priority)
-        assert not isinstance(hidden, FixedPriority | IncrementalPriority)
-        assert isinstance(priority, FixedPriority | IncrementalPriority), preset
+        ranking = {Capability.FIXED_PRIORITY, Capability.INCREMENTAL_PRIORITY}
+        assert not capabilities_of(hidden) & ranking
+        assert capabilities_of(priority) & ranking, preset
 
 
 def test_a_busy_run_places_many_requests() -> None:
@@ -238,8 +245,8 @@ def test_a_view_with_another_placement_count_is_replace() -> None:
 
 @pytest.mark.parametrize("seed", range(20))
 def test_the_one_pass_least_used_choice_is_the_minimum_over_the_eligible(seed: int) -> None:
+    from clairvoyant.policy.scheduling import least_used_eligible
     from clairvoyant.scheduler.core import WorkerView, eligible_workers
-    from clairvoyant.scheduler.core.policies import least_used_eligible
 
     rng = random.Random(seed)
     workers = [
@@ -258,8 +265,8 @@ def test_the_one_pass_least_used_choice_is_the_minimum_over_the_eligible(seed: i
 
 @pytest.mark.parametrize("seed", range(10))
 def test_the_smallest_tree_in_one_pass_is_the_minimum(seed: int) -> None:
+    from clairvoyant.policy.baselines import ApproximateTrees
     from clairvoyant.scheduler.core import WorkerView
-    from clairvoyant.scheduler.core.baselines import ApproximateTrees
 
     rng = random.Random(seed)
     trees = ApproximateTrees()

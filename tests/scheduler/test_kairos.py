@@ -10,6 +10,14 @@ import pytest
 
 from clairvoyant.contracts.v1 import common_pb2
 from clairvoyant.core.app_metadata import AppMetadata
+from clairvoyant.policy.kairos import (
+    RANK_SPAN_S,
+    Booking,
+    KairosPriority,
+    KairosTimeSlotRouting,
+    SlotPlan,
+    TimeSlotConfig,
+)
 from clairvoyant.profiler.core import kairos_ranking
 from clairvoyant.scheduler.core import (
     PRESETS,
@@ -20,14 +28,6 @@ from clairvoyant.scheduler.core import (
     QueuedRequest,
     WorkerReport,
     WorkerView,
-)
-from clairvoyant.scheduler.core.kairos import (
-    RANK_SPAN_S,
-    Booking,
-    KairosPriority,
-    KairosTimeSlotRouting,
-    SlotPlan,
-    TimeSlotConfig,
 )
 
 pytestmark = pytest.mark.unit
@@ -74,7 +74,7 @@ def view(worker_id: str, *, placed: int = 0, blocks: int = 0, used: int = 0, que
 
 def test_presets_are_registered() -> None:
     assert {"kairos", "topo-depth"} <= set(PRESETS.names())
-    assert PRESETS.create("kairos") == ("kairos", "kairos-timeslot")
+    assert PRESETS.create("kairos")[:2] == ("kairos", "kairos-timeslot")
 
 
 # ---- priority (§5) ------------------------------------------------------------------------------
@@ -348,7 +348,7 @@ def test_fig7_like_example_orders_the_policies_strictly() -> None:
 
 
 def test_heartbeats_feed_the_preemption_suspension_through_the_scheduler() -> None:
-    """The scheduler hands every heartbeat to the routing policy (WorkerObserver): a rise in a
+    """The scheduler hands every heartbeat to the routing policy (OBSERVES_WORKERS): a rise in a
     worker's preemption count suspends it while it holds placements."""
     sched = GlobalScheduler.from_preset("kairos")
     router = sched.routing_policy

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from clairvoyant.policy import Capability
 from clairvoyant.scheduler.core import (
     PRESETS,
     PRIORITY_POLICIES,
@@ -46,8 +47,8 @@ def test_eligibility_filters_model_draining_excluded_and_full_workers() -> None:
 
 def test_baseline_presets_are_registered_with_their_policies() -> None:
     assert {"fcfs-rr", "least-loaded"} <= set(PRESETS.names())
-    assert PRESETS.create("fcfs-rr") == ("fcfs", "round-robin")
-    assert PRESETS.create("least-loaded") == ("fcfs", "least-loaded")
+    assert PRESETS.create("fcfs-rr")[:2] == ("fcfs", "round-robin")
+    assert PRESETS.create("least-loaded")[:2] == ("fcfs", "least-loaded")
     assert {"fcfs"} <= set(PRIORITY_POLICIES) and {"round-robin", "least-loaded"} <= set(ROUTING_POLICIES)
     with pytest.raises(ValueError, match="fcfs-rr"):
         build_policies("no-such-preset")
@@ -117,6 +118,8 @@ class _Ranked:
 
 
 class _Fixed(_Ranked):
+    capabilities = frozenset({Capability.FIXED_PRIORITY})
+
     def priority_is_fixed(self) -> bool:
         return True
 

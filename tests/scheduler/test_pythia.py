@@ -9,8 +9,7 @@ import pytest
 
 from clairvoyant.contracts.v1 import common_pb2
 from clairvoyant.core.app_metadata import AppMetadata
-from clairvoyant.scheduler.core import GlobalScheduler, QueuedRequest, WorkerReport
-from clairvoyant.scheduler.core.pythia import (
+from clairvoyant.policy.pythia import (
     LengthBound,
     NodeLoad,
     PythiaAgingRule,
@@ -22,6 +21,7 @@ from clairvoyant.scheduler.core.pythia import (
     completion_score,
     length_bound,
 )
+from clairvoyant.scheduler.core import GlobalScheduler, QueuedRequest, WorkerReport
 
 pytestmark = pytest.mark.unit
 

@@ -9,8 +9,7 @@ import pytest
 
 from clairvoyant.contracts.v1 import common_pb2
 from clairvoyant.core.app_metadata import AppMetadata
-from clairvoyant.scheduler.core import PRESETS, GlobalScheduler, QueuedRequest, WorkerReport, WorkerView
-from clairvoyant.scheduler.core.saga import (
+from clairvoyant.policy.saga import (
     AgentFairShare,
     PendingSession,
     SagaAffinityRouting,
@@ -23,6 +22,7 @@ from clairvoyant.scheduler.core.saga import (
     plan_steals,
     worker_load,
 )
+from clairvoyant.scheduler.core import PRESETS, GlobalScheduler, QueuedRequest, WorkerReport, WorkerView
 
 pytestmark = pytest.mark.unit
 
@@ -78,7 +78,7 @@ def session(
 
 
 def test_saga_preset_pairs_afs_with_affinity_routing() -> None:
-    assert PRESETS.create("saga") == ("saga-afs", "saga-affinity")
+    assert PRESETS.create("saga")[:2] == ("saga-afs", "saga-affinity")
     sched = GlobalScheduler.from_preset("saga")
     assert isinstance(sched.priority_policy, AgentFairShare)
     assert isinstance(sched.routing_policy, SagaAffinityRouting)

@@ -21,8 +21,8 @@ from clairvoyant.contracts.v1 import (
 )
 from clairvoyant.core.clock import ManualClock
 from clairvoyant.core.grpcutil import channel, new_server
+from clairvoyant.policy.saga import SagaAffinityRouting, Steal
 from clairvoyant.scheduler.core import GlobalScheduler, WorkerReport
-from clairvoyant.scheduler.core.saga import SagaAffinityRouting, Steal
 from clairvoyant.scheduler.grpc_api import SchedulerServicer
 from clairvoyant.scheduler.kv_migration import KvMover
 from clairvoyant.worker.config import WorkerSettings

@@ -1,5 +1,5 @@
 """SAGA §5.2 step 3 in the scheduler core: a stolen session's next placement names where its KV is
-(``Decision.kv_source``, through the ``MigratesKv`` hook)."""
+(``Decision.kv_source``, through the ``MIGRATES_KV`` hook)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import pytest
 
 from clairvoyant.core.app_metadata import AppMetadata
+from clairvoyant.policy import Capability, capabilities_of
+from clairvoyant.policy.saga import SagaAffinityRouting, Steal
 from clairvoyant.scheduler.core import GlobalScheduler, QueuedRequest, WorkerView
-from clairvoyant.scheduler.core.global_queue import MigratesKv
-from clairvoyant.scheduler.core.saga import SagaAffinityRouting, Steal
 from tests.scheduler.test_saga import report
 
 pytestmark = pytest.mark.unit
@@ -39,7 +39,7 @@ def stolen_a() -> tuple[GlobalScheduler, SagaAffinityRouting]:
     (1 seat) and its queue has been empty since t=0.  At t=0.11 w1 steals A (the oldest waiting)."""
     sched = GlobalScheduler.from_preset("saga")
     routing = sched.routing_policy
-    assert isinstance(routing, SagaAffinityRouting) and isinstance(routing, MigratesKv)
+    assert isinstance(routing, SagaAffinityRouting) and Capability.MIGRATES_KV in capabilities_of(routing)
     sched.update_worker(report("w0", max_batch=2), now=0.0)
     sched.update_worker(report("w1", max_batch=1, kv_used=9, kv_total=10), now=0.0)  # load 0.9
     placed = [p for r, s in [("a1", "A"), ("b1", "B"), ("e1", "E")] for p in submit(sched, call(r, s, 0.0))]
@@ -84,6 +84,8 @@ def test_a_session_that_ends_before_it_is_placed_again_is_forgotten() -> None:
 class FromW0:
     """A routing policy that places on the first worker with room and says the KV is on w0."""
 
+    capabilities = frozenset({Capability.MIGRATES_KV})
+
     def __init__(self) -> None:
         self.asked: list[tuple[str, str]] = []
 
@@ -93,6 +95,14 @@ class FromW0:
     def kv_source(self, request: QueuedRequest, worker_id: str) -> str | None:
         self.asked.append((request.request_id, worker_id))
         return "w0" if worker_id != "w0" else None
+
+
+def test_an_undeclared_hook_is_refused_rather_than_silently_never_called() -> None:
+    class Undeclared(FromW0):
+        capabilities = frozenset()
+
+    with pytest.raises(TypeError, match="kv_source"):
+        GlobalScheduler(GlobalScheduler.from_preset("fcfs-rr").priority_policy, Undeclared())
 
 
 def test_the_hook_is_asked_once_per_placement_and_presets_without_it_say_none() -> None:
@@ -106,6 +116,6 @@ def test_the_hook_is_asked_once_per_placement_and_presets_without_it_say_none() 
     assert hooked.asked == [("r1", "w0"), ("r2", "w1")]  # r3 found no room: not asked
 
     plain = GlobalScheduler.from_preset("fcfs-rr")
-    assert not isinstance(plain.routing_policy, MigratesKv)
+    assert Capability.MIGRATES_KV not in capabilities_of(plain.routing_policy)
     plain.update_worker(report("w0", max_batch=4), now=0.0)
     assert submit(plain, call("p1", "S", 0.0)) == [("p1", "w0", None)]

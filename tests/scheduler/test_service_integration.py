@@ -18,7 +18,8 @@ from prometheus_client import REGISTRY
 
 from clairvoyant.contracts.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2
 from clairvoyant.core.bus import worker_stats_subject
-from clairvoyant.core.errors import NoWorkers, QueueFull, from_rpc_error
+from clairvoyant.core.errors import NoWorkers, QueueFull
+from clairvoyant.core.grpc_errors import from_rpc_error
 from clairvoyant.core.grpcutil import channel
 from clairvoyant.scheduler.app import SERVICE_NAME, SchedulerApp
 from clairvoyant.scheduler.config import SchedulerSettings

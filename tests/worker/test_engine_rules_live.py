@@ -28,12 +28,13 @@ from clairvoyant.contracts.v1 import worker_pb2_grpc
 from clairvoyant.core.bus import EventBus
 from clairvoyant.core.grpcutil import new_server
 from clairvoyant.core.telemetry import setup_tracing
+from clairvoyant.gateway.app import GatewayApp
 from clairvoyant.gateway.config import GatewaySettings
-from clairvoyant.gateway.server import GatewayServer
+from clairvoyant.policy import PRESETS, PRIORITY_POLICIES, engine_rule_of
+from clairvoyant.policy.autellix import KQueueRule
+from clairvoyant.policy.pythia import PythiaAgingRule
 from clairvoyant.scheduler.app import SchedulerApp
 from clairvoyant.scheduler.config import SchedulerSettings
-from clairvoyant.scheduler.core import PRESETS, PRIORITY_POLICIES, EngineRanked, KQueueRule
-from clairvoyant.scheduler.core.pythia import PythiaAgingRule
 from clairvoyant.stack.natsserver import free_port
 from clairvoyant.worker.app import build_engine, engine_config
 from clairvoyant.worker.config import WorkerSettings
@@ -74,7 +75,7 @@ def test_every_preset_installs_its_priority_policys_engine_rule(preset: str) -> 
     engine = _engine(block_size=4, num_blocks=64)
     engine.add_request(request("r", letters(6, 1), max_tokens=2, scheduler_preset=preset))
     policy = PRIORITY_POLICIES.create(PRESETS.create(preset).priority)
-    expected = type(policy.engine_rule()) if isinstance(policy, EngineRanked) else type(None)
+    expected = type(engine_rule_of(policy))
     assert engine.scheduler.preset == preset
     assert type(engine.scheduler.rule) is expected
     assert _drain(engine) == ["r"]
@@ -198,7 +199,7 @@ async def live(nats_server: str, tmp_path: Path, spans: InMemorySpanExporter) ->
     gateway_bus = EventBus(nats_server, "gateway-rules-test", connect_timeout_s=1.0)
     assert await gateway_bus.connect()
     await gateway_bus.ensure_stream()
-    gateway = GatewayServer(
+    gateway = GatewayApp(
         GatewaySettings(
             host="127.0.0.1", gateway_port=0, gateway_grpc_port=0, scheduler_address=f"127.0.0.1:{scheduler_port}",
             database_url=f"sqlite:///{tmp_path / 'gateway.db'}", nats_url=nats_server, model_cache_s=0.0,

@@ -32,7 +32,7 @@ from clairvoyant.bench.live.cluster import LiveModeError
 from clairvoyant.bench.live.run import DEFAULT_BASE_URL, DEFAULT_SCHEDULER, LiveOptions
 from clairvoyant.bench.parallel import default_jobs
 from clairvoyant.bench.workloads import WorkloadDataError, list_workloads
-from clairvoyant.scheduler.core import PRESETS
+from clairvoyant.policy import PRESETS
 
 COMMANDS = ("run", "compare", "merge", "matrix-report")
 BASELINE = "vllm-prodstack"  # what the matrix report's ratios are against

@@ -25,7 +25,7 @@ from clairvoyant.bench.common import RunBars, progress, rounded
 from clairvoyant.bench.experiment import ExperimentConfig, compare_result, make_annotator
 from clairvoyant.bench.parallel import ProgressCallback, SimTask, default_jobs, run_tasks
 from clairvoyant.bench.workloads import list_workloads
-from clairvoyant.scheduler.core import PRESETS
+from clairvoyant.policy import PRESETS
 
 LOAD_KINDS = ("rate", "concurrency")
 

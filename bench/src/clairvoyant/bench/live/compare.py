@@ -40,7 +40,7 @@ from clairvoyant.bench.live.prompts import ALPHABET
 from clairvoyant.bench.live.run import LiveOptions, drive
 from clairvoyant.bench.sim.simulator import ReplicaSpec
 from clairvoyant.bench.workloads import get_workload, list_workloads
-from clairvoyant.scheduler.core import PRESETS
+from clairvoyant.policy import PRESETS
 from clairvoyant.stack.natsserver import free_port
 
 BASELINE = "fcfs-rr"

@@ -42,7 +42,7 @@ from clairvoyant.bench.metrics import summarize
 from clairvoyant.bench.sim.simulator import ReplicaSpec, Simulator
 from clairvoyant.bench.workloads import get_workload, list_workloads
 from clairvoyant.bench.workloads.program import WorkflowProgram
-from clairvoyant.scheduler.core import PRESETS
+from clairvoyant.policy import PRESETS
 from clairvoyant.stack import Stack, StackConfig
 from clairvoyant.worker.costmodel.roofline import BatchItem, CostModel
 from clairvoyant.worker.runners.emulated import EmulatedRunner

@@ -13,9 +13,9 @@ from pydantic import ValidationError
 from clairvoyant.core.logs import setup_logging
 from clairvoyant.core.metrics import serve_metrics
 from clairvoyant.core.telemetry import setup_tracing
+from clairvoyant.policy import PRESETS
 from clairvoyant.scheduler.app import SchedulerApp
 from clairvoyant.scheduler.config import SchedulerSettings
-from clairvoyant.scheduler.core import PRESETS
 
 logger = logging.getLogger("clairvoyant.scheduler")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 
 from clairvoyant.core.config import ServiceSettings
-from clairvoyant.scheduler.core import PRESETS
+from clairvoyant.policy import PRESETS
 
 
 class SchedulerSettings(ServiceSettings):

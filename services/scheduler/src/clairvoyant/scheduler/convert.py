@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from clairvoyant.contracts.v1 import common_pb2, scheduler_pb2
-from clairvoyant.core.app_metadata import AppMetadata
+from clairvoyant.contracts.v1 import common_pb2, scheduler_pb2, worker_pb2
 from clairvoyant.core.errors import InvalidRequest
-from clairvoyant.scheduler.core import Decision, QueuedRequest, SchedulerSnapshot
+from clairvoyant.core.wire import app_metadata_from_proto
+from clairvoyant.scheduler.core import Decision, QueuedRequest, SchedulerSnapshot, WorkerReport
 
 
 def queued_request(msg: scheduler_pb2.ScheduleRequest, now: float) -> QueuedRequest:
@@ -25,10 +25,30 @@ def queued_request(msg: scheduler_pb2.ScheduleRequest, now: float) -> QueuedRequ
         arrival_time=now,
         prompt_tokens=msg.prompt_tokens,
         max_tokens=msg.max_tokens,
-        app_metadata=AppMetadata.from_proto(msg.app_metadata) if msg.HasField("app_metadata") else None,
+        app_metadata=app_metadata_from_proto(msg.app_metadata) if msg.HasField("app_metadata") else None,
         annotations=annotations,
         exclude_workers=frozenset(msg.exclude_workers),
         owner=msg.owner,
+    )
+
+
+def worker_report(stats: worker_pb2.WorkerStats) -> WorkerReport:
+    return WorkerReport(
+        worker_id=stats.worker_id,
+        model=stats.model,
+        address=stats.grpc_address,
+        http_address=stats.http_address,
+        running=stats.running,
+        queued=stats.queued,
+        max_batch=stats.max_batch,
+        kv_blocks_used=stats.kv_blocks_used,
+        kv_blocks_total=stats.kv_blocks_total,
+        max_model_len=stats.max_model_len,
+        draining=stats.draining,
+        heartbeat_interval_s=stats.heartbeat_interval_s,
+        preemptions_total=stats.preemptions_total,
+        block_size=stats.block_size,
+        held_requests=frozenset(stats.held.request_ids) if stats.HasField("held") else None,
     )
 
 

@@ -22,7 +22,7 @@ from opentelemetry.trace import Status, StatusCode
 from clairvoyant.contracts.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc, worker_pb2
 from clairvoyant.core.clock import Clock
 from clairvoyant.core.errors import ClairvoyantError, InvalidRequest, NoWorkers, QueueFull, Unavailable
-from clairvoyant.core.grpcutil import abort
+from clairvoyant.core.grpc_errors import abort
 from clairvoyant.core.telemetry import extract_context
 from clairvoyant.core.telemetry import tracer as get_tracer
 from clairvoyant.scheduler import convert, metrics

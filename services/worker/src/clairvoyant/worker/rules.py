@@ -1,19 +1,17 @@
-"""The engine-side half of a scheduler preset: its rule, built from the scheduler's policy registry.
+"""The engine-side part of a preset: its local rule, from the shared policy package.
 
-A preset is a pair of scheduler policies; a priority policy with an engine-side counterpart
-(``EngineRanked``: Autellix's K queues, Pythia's aging) hands out a fresh ``LocalRule`` per engine.
-The simulator installs it on each replica; a live worker learns the preset from the requests
-(``GenerateRequest.scheduler_preset``, which the gateway copies from the placement), so switching
-a running stack's preset takes a scheduler restart and nothing else.  The worker imports the
-scheduler's pure ``core`` package (no I/O, no service code runs) so that one registry defines a
-preset everywhere; the scheduler package adds no third-party dependency the worker lacks.
+A preset's priority policy that declares ``ENGINE_RULE`` (Autellix's K queues, Pythia's aging)
+hands out a fresh ``LocalRule`` per engine.  The simulator installs it on each replica; a live
+worker learns the preset from the requests (``GenerateRequest.scheduler_preset``, which the
+gateway copies from the placement), so switching a running stack's preset takes a scheduler
+restart and nothing else.  Both build it with ``clairvoyant.policy.build_engine_rule``.
 """
 
 from __future__ import annotations
 
 import logging
 
-from clairvoyant.scheduler.core.policies import PRESETS, PRIORITY_POLICIES, EngineRanked
+from clairvoyant.policy import PRESETS, build_engine_rule
 from clairvoyant.worker.core.scheduler import PriorityRule
 
 logger = logging.getLogger(__name__)
@@ -26,7 +24,6 @@ def preset_rule(preset: str) -> PriorityRule | None:
     if preset not in PRESETS:
         logger.warning("unknown scheduler preset %r: ranking by base priority; known: %s", preset, PRESETS.names())
         return None
-    policy = PRIORITY_POLICIES.create(PRESETS.create(preset).priority)
-    rule = policy.engine_rule() if isinstance(policy, EngineRanked) else None
+    rule = build_engine_rule(preset)
     logger.info("scheduler preset %s: engine rule %s", preset, type(rule).__name__ if rule else "none (base priority)")
     return rule

@@ -1,33 +1,14 @@
-"""The scheduler's pure core: queues, placement accounting and policies.  No I/O, no clock reads.
+"""The scheduler's pure core: global queues, placement accounting and leases.  No I/O, no clock reads.
 
-The simulator imports this package directly.  Importing it registers every built-in policy.
+The policies it runs, their value types and the presets live in ``clairvoyant.policy`` (shared with
+the worker and the simulator); the names below are re-exported for the scheduler's callers.
 """
 
-from clairvoyant.scheduler.core import baselines as baselines  # registers the industry baseline presets
-from clairvoyant.scheduler.core import clairvoyant as clairvoyant  # registers the clairvoyant preset
-from clairvoyant.scheduler.core import kairos as kairos  # registers the kairos preset
-from clairvoyant.scheduler.core import pythia as pythia  # registers the pythia preset
-from clairvoyant.scheduler.core import saga as saga  # registers the saga preset
-from clairvoyant.scheduler.core import topo as topo  # registers the topo-depth preset
-from clairvoyant.scheduler.core.autellix import KQueueConfig, KQueuePriority, KQueueRule
-from clairvoyant.scheduler.core.global_queue import GlobalScheduler
-from clairvoyant.scheduler.core.leases import Lease, LeaseBook, Reclaimed
-from clairvoyant.scheduler.core.policies import (
-    PRESETS,
-    PRIORITY_POLICIES,
-    ROUTING_POLICIES,
-    EngineQueued,
-    EngineRanked,
-    LocalRule,
-    PriorityPolicy,
-    ProgramAware,
-    RoutingPolicy,
-    SchedulerPreset,
-    build_policies,
-    eligible_workers,
-)
-from clairvoyant.scheduler.core.process_table import ProcessTable, Program, ProgramKey
-from clairvoyant.scheduler.core.types import (
+from clairvoyant.policy import PRESETS, PRIORITY_POLICIES, ROUTING_POLICIES, build_policies, eligible_workers
+from clairvoyant.policy.autellix import KQueueConfig, KQueuePriority, KQueueRule
+from clairvoyant.policy.process_table import ProcessTable, Program, ProgramKey
+from clairvoyant.policy.scheduling import LocalRule, PriorityPolicy, RoutingPolicy
+from clairvoyant.policy.types import (
     Completion,
     Decision,
     ExpiredWorker,
@@ -37,6 +18,8 @@ from clairvoyant.scheduler.core.types import (
     WorkerReport,
     WorkerView,
 )
+from clairvoyant.scheduler.core.global_queue import GlobalScheduler
+from clairvoyant.scheduler.core.leases import Lease, LeaseBook, Reclaimed
 
 __all__ = [
     "PRESETS",
@@ -44,8 +27,6 @@ __all__ = [
     "ROUTING_POLICIES",
     "Completion",
     "Decision",
-    "EngineQueued",
-    "EngineRanked",
     "ExpiredWorker",
     "GlobalScheduler",
     "KQueueConfig",
@@ -57,13 +38,11 @@ __all__ = [
     "PriorityPolicy",
     "ProcessTable",
     "Program",
-    "ProgramAware",
     "ProgramKey",
     "QueueState",
     "QueuedRequest",
     "Reclaimed",
     "RoutingPolicy",
-    "SchedulerPreset",
     "SchedulerSnapshot",
     "WorkerReport",
     "WorkerView",

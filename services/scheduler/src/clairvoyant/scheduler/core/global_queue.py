@@ -9,16 +9,15 @@ calls it from its event loop only.
                   v                            v
                (gone)               expire_workers: placements failed, orphaned queue rejected
 
-Alongside, the process table (process_table.py) follows each program (tenant, workflow_id):
-submit opens its entry and records the call, a completion reported with its time adds the call's
-service, and an idle or ended program is dropped.  Policies that implement the optional hooks of
-policies.py read it, queue at the engines, or hand the engines a rule of their own.  A policy that
-implements ``SchedulerAware`` (below) may also read the live queue depths and placements (Pythia),
-and a routing policy that implements ``Rebalancing`` re-pins queued calls before each dispatch (SAGA),
-and one that implements ``MigratesKv`` says where a placed call's KV should come from.
+Alongside, the process table (``clairvoyant.policy.process_table``) follows each program (tenant,
+workflow_id): submit opens its entry and records the call, a completion reported with its time adds
+the call's service, and an idle or ended program is dropped.  The policies' declared capabilities
+(``clairvoyant.policy.capabilities``) say which hooks the scheduler calls: reading the process table
+or the scheduler itself (``SchedulerView``), queueing at the engines, re-pinning queued calls before
+each dispatch, naming where a placed call's KV should come from.
 
 Ranking: each model's queue is ordered by priority, then arrival, then submission.  A priority
-policy with neither ``FixedPriority`` nor ``IncrementalPriority`` is evaluated for the whole queue
+policy with neither ``FIXED_PRIORITY`` nor ``INCREMENTAL_PRIORITY`` is evaluated for the whole queue
 at every dispatch; with one of them the queue is a heap whose keys are kept equal to what that
 full re-rank would compute (evaluated at submit, or re-evaluated where ``priority_changes`` says),
 so dispatch pops only as far as it places.
@@ -29,26 +28,27 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, cast
 
-from clairvoyant.contracts.v1 import worker_pb2
 from clairvoyant.core.errors import InvalidRequest, NoWorkers, QueueFull
-from clairvoyant.scheduler.core.leases import LeaseBook, Reclaimed
-from clairvoyant.scheduler.core.policies import (
+from clairvoyant.policy.capabilities import Capability, capabilities_of, check_capabilities
+from clairvoyant.policy.presets import build_policies, engine_rule_of
+from clairvoyant.policy.process_table import ChangeFeed, ProcessTable, ProgramKey, program_key
+from clairvoyant.policy.scheduling import (
     EngineQueued,
-    EngineRanked,
     FixedPriority,
     IncrementalPriority,
     LocalRule,
+    MigratesKv,
     PriorityPolicy,
     ProgramAware,
+    Rebalancing,
     RoutingPolicy,
+    SchedulerAware,
     WorkerObserver,
-    build_policies,
     eligible_workers,
 )
-from clairvoyant.scheduler.core.process_table import ChangeFeed, ProcessTable, ProgramKey, program_key
-from clairvoyant.scheduler.core.types import (
+from clairvoyant.policy.types import (
     Completion,
     Decision,
     ExpiredWorker,
@@ -58,37 +58,9 @@ from clairvoyant.scheduler.core.types import (
     WorkerReport,
     WorkerView,
 )
-
-
-@runtime_checkable
-class SchedulerAware(Protocol):
-    def bind_scheduler(self, scheduler: GlobalScheduler) -> None:
-        """Called once by the scheduler that the policy serves.  The policy may keep it and call its
-        read-only methods (``queue_depth``, ``queued_requests``, ``queued_calls``, ``placed_requests``,
-        ``agent_model``, ``workers``) and ``watch_queued_programs``, never the ones that change it."""
-        ...
-
-
-@runtime_checkable
-class Rebalancing(Protocol):
-    def rebalance(self, now: float) -> None:
-        """Called at the start of every ``dispatch``, before anything is ranked or placed.  A routing
-        policy may move queued calls between workers here by rewriting the pins it owns
-        (``Program.engine_id``); it must not change the scheduler (SAGA's work stealing)."""
-        ...
-
+from clairvoyant.scheduler.core.leases import LeaseBook, Reclaimed
 
 _Entry = tuple[float, float, int, QueuedRequest]  # (-priority, arrival time, submission number, request)
-
-
-@runtime_checkable
-class MigratesKv(Protocol):
-    def kv_source(self, request: QueuedRequest, worker_id: str) -> str | None:
-        """Called once per placement, right after ``route`` chose ``worker_id``: the worker whose
-        cached KV of the request's session should be moved to ``worker_id`` before the call runs
-        there, or None.  The answer is the placement's ``Decision.kv_source``; moving it (or giving
-        up and recomputing) is the caller's (SAGA §5.2 step 3)."""
-        ...
 
 
 class _Placement(NamedTuple):
@@ -135,14 +107,18 @@ class GlobalScheduler:
         self._agent_models: dict[tuple[str, str], str] = {}  # (workflow type, agent) -> latest model
         # Fixed priorities (``FixedPriority``): per model, a heap of (-priority, arrival, submission
         # number, request) built at submit; entries of requests no longer queued are skipped.
-        self._fixed = isinstance(priority, FixedPriority) and priority.priority_is_fixed()
+        check_capabilities(type(priority))  # a hook it does not declare would never be called
+        check_capabilities(type(routing))
+        priority_can, routing_can = capabilities_of(priority), capabilities_of(routing)
+        self._fixed = Capability.FIXED_PRIORITY in priority_can and cast(FixedPriority, priority).priority_is_fixed()
         self._heaps: dict[str, list[_Entry]] = {}
         self._submitted = 0
         # Incremental priorities (``IncrementalPriority``): per model a heap too; a request is
         # (re-)evaluated at its model's next ranking when it is new or named by priority_changes.
         # With either kind of heap, a queued request's live entry is ``_entries[id]`` (others are
         # stale and skipped).
-        self._incremental = priority if not self._fixed and isinstance(priority, IncrementalPriority) else None
+        incremental = not self._fixed and Capability.INCREMENTAL_PRIORITY in priority_can
+        self._incremental = cast(IncrementalPriority, priority) if incremental else None
         self._entries: dict[str, _Entry] = {}
         self._order: dict[str, int] = {}  # queued request id -> submission number
         self._to_evaluate: dict[str, dict[str, None]] = {}  # model -> ids, an ordered set
@@ -151,17 +127,18 @@ class GlobalScheduler:
         self._queue_feeds: list[ChangeFeed] = []  # ``watch_queued_programs``
         self.programs = ProcessTable(program_idle_ttl_s)
         self.leases = leases
-        for policy in (priority, routing):
-            if isinstance(policy, ProgramAware):
-                policy.bind_programs(self.programs)
-            if isinstance(policy, SchedulerAware):
-                policy.bind_scheduler(self)
-        self.engine_queue_factor = routing.engine_queue_factor() if isinstance(routing, EngineQueued) else 1.0
+        for policy, can in ((priority, priority_can), (routing, routing_can)):
+            if Capability.PROGRAM_AWARE in can:
+                cast(ProgramAware, policy).bind_programs(self.programs)
+            if Capability.SCHEDULER_AWARE in can:
+                cast(SchedulerAware, policy).bind_scheduler(self)
+        queued = Capability.ENGINE_QUEUED in routing_can
+        self.engine_queue_factor = cast(EngineQueued, routing).engine_queue_factor() if queued else 1.0
         if self.engine_queue_factor < 1:
             raise ValueError("engine_queue_factor must be at least 1")
-        self._rebalancing = routing if isinstance(routing, Rebalancing) else None
-        self._migrating = routing if isinstance(routing, MigratesKv) else None
-        self._observer = routing if isinstance(routing, WorkerObserver) else None  # once: Protocol checks are slow
+        self._rebalancing = cast(Rebalancing, routing) if Capability.REBALANCES in routing_can else None
+        self._migrating = cast(MigratesKv, routing) if Capability.MIGRATES_KV in routing_can else None
+        self._observer = cast(WorkerObserver, routing) if Capability.OBSERVES_WORKERS in routing_can else None
 
     @classmethod
     def from_preset(cls, preset: str, **options: Any) -> GlobalScheduler:
@@ -293,8 +270,7 @@ class GlobalScheduler:
 
     def engine_rule(self) -> LocalRule | None:
         """A fresh engine-side rule for one engine, when the priority policy has one."""
-        policy = self.priority_policy
-        return policy.engine_rule() if isinstance(policy, EngineRanked) else None
+        return engine_rule_of(self.priority_policy)
 
     def dispatch(self, now: float) -> list[Decision]:
         """Place queued requests, highest priority first, while the routing policy finds room.
@@ -410,10 +386,8 @@ class GlobalScheduler:
 
     # ---- workers --------------------------------------------------------------------------------
 
-    def update_worker(self, report: WorkerReport | worker_pb2.WorkerStats, now: float) -> WorkerView:
+    def update_worker(self, report: WorkerReport, now: float) -> WorkerView:
         """Record a heartbeat; a new (or returning) worker joins with no placements."""
-        if isinstance(report, worker_pb2.WorkerStats):
-            report = WorkerReport.from_proto(report)
         previous = self._workers.get(report.worker_id)
         self._reported_draining[report.worker_id] = report.draining
         view = WorkerView(

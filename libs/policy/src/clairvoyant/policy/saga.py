@@ -28,22 +28,20 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
-from clairvoyant.scheduler.core.policies import (
-    PRESETS,
+from clairvoyant.policy.capabilities import Capability
+from clairvoyant.policy.presets import PRESETS, Preset
+from clairvoyant.policy.process_table import ChangeFeed, ProcessTable, ProgramKey, program_key
+from clairvoyant.policy.pythia import trusted_annotations
+from clairvoyant.policy.scheduling import (
     PRIORITY_POLICIES,
     ROUTING_POLICIES,
     PriorityChanges,
-    SchedulerPreset,
+    SchedulerView,
     eligible_workers,
 )
-from clairvoyant.scheduler.core.process_table import ChangeFeed, ProcessTable, ProgramKey, program_key
-from clairvoyant.scheduler.core.pythia import trusted_annotations
-from clairvoyant.scheduler.core.types import QueuedRequest, WorkerView
-
-if TYPE_CHECKING:
-    from clairvoyant.scheduler.core.global_queue import GlobalScheduler
+from clairvoyant.policy.types import QueuedRequest, WorkerView
 
 _SLACK = 1e-9  # time differences are float: 1.1 - 1.0 must count as 100 ms
 
@@ -208,13 +206,17 @@ class SagaAffinityRouting:
     (which worker its calls, and the later ones, go to), not whether a free seat is used.
     """
 
+    capabilities = frozenset(
+        {Capability.PROGRAM_AWARE, Capability.SCHEDULER_AWARE, Capability.REBALANCES, Capability.MIGRATES_KV}
+    )
+
     def __init__(self, config: SagaConfig | None = None) -> None:
         self.config = config or SagaConfig()
         self.programs = ProcessTable()  # replaced by the scheduler's own in bind_programs
         self.steals: list[Steal] = []
         self._kv_at: dict[ProgramKey, str] = {}  # stolen sessions not placed since: their victim
         self._rng = random.Random(self.config.seed)
-        self._scheduler: GlobalScheduler | None = None
+        self._scheduler: SchedulerView | None = None
         self._empty_since: dict[str, float] = {}
         # Pending sessions: program -> (its worker, the session), and per worker; the feeds say
         # which programs to look at again, ``_repinned`` the ones this policy moved.
@@ -227,7 +229,7 @@ class SagaAffinityRouting:
     def bind_programs(self, table: ProcessTable) -> None:
         self.programs = table
 
-    def bind_scheduler(self, scheduler: GlobalScheduler) -> None:
+    def bind_scheduler(self, scheduler: SchedulerView) -> None:
         self._scheduler = scheduler
 
     def route(self, request: QueuedRequest, workers: Sequence[WorkerView], now: float) -> str | None:
@@ -279,7 +281,9 @@ class SagaAffinityRouting:
         steals: list[Steal] = []
         if may_steal or not self.cache:  # else no thief: plan_steals would take nothing (and draw nothing)
             queues = [
-                WorkerQueue(w, tuple(self._pending.get(w.worker_id, {}).values()), self._empty_since.get(w.worker_id))
+                WorkerQueue(
+                    w, tuple(self._pending.get(w.worker_id, {}).values()), self._empty_since.get(w.worker_id)
+                )
                 for w in workers
             ]
             steals = plan_steals(queues, now, self._rng, self.config)
@@ -294,7 +298,7 @@ class SagaAffinityRouting:
         self.steals += steals
         return steals
 
-    def _update_pending(self, scheduler: GlobalScheduler) -> None:
+    def _update_pending(self, scheduler: SchedulerView) -> None:
         """Bring the pending sessions up to date for the programs that changed since last time."""
         if self._feeds is None or not self.cache:
             if self._feeds is None:
@@ -312,7 +316,9 @@ class SagaAffinityRouting:
                 if not sessions:
                     del self._pending[held[0]]
             program = self.programs.get(key)
-            calls = scheduler.queued_calls(key) if program is not None and program.engine_id is not None else []
+            calls = (
+                scheduler.queued_calls(key) if program is not None and program.engine_id is not None else []
+            )
             if program is None or program.engine_id is None or not calls:
                 continue
             session = PendingSession(
@@ -385,15 +391,17 @@ class AgentFairShare:
     when some tenant's value moved, none otherwise.
     """
 
+    capabilities = frozenset({Capability.SCHEDULER_AWARE, Capability.INCREMENTAL_PRIORITY})
+
     def __init__(self, config: SagaConfig | None = None) -> None:
         self.config = config or SagaConfig()
         self.shares: dict[str, float] = {}  # of the current epoch, for diagnostics and tests
         self._priorities: dict[str, float] = {}
         self._epoch: int | None = None
-        self._scheduler: GlobalScheduler | None = None
+        self._scheduler: SchedulerView | None = None
         self._ranked_with: dict[str, float] | None = None  # the values of the previous ranking
 
-    def bind_scheduler(self, scheduler: GlobalScheduler) -> None:
+    def bind_scheduler(self, scheduler: SchedulerView) -> None:
         self._scheduler = scheduler
 
     def priority(self, request: QueuedRequest, now: float) -> float:
@@ -451,4 +459,4 @@ class AgentFairShare:
         }
 
 
-PRESETS.register("saga")(lambda: SchedulerPreset("saga-afs", "saga-affinity"))
+PRESETS.register_preset("saga", Preset("saga-afs", "saga-affinity"))

@@ -19,20 +19,20 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from clairvoyant.scheduler.core.policies import (
-    PRESETS,
+from clairvoyant.policy.capabilities import Capability
+from clairvoyant.policy.presets import PRESETS, Preset
+from clairvoyant.policy.process_table import ProcessTable, program_key
+from clairvoyant.policy.scheduling import (
     PRIORITY_POLICIES,
     ROUTING_POLICIES,
     EngineSequence,
     LocalRule,
     PriorityChanges,
     ProgramRows,
-    SchedulerPreset,
     eligible_workers,
     least_used_eligible,
 )
-from clairvoyant.scheduler.core.process_table import ProcessTable, program_key
-from clairvoyant.scheduler.core.types import QueuedRequest, WorkerView
+from clairvoyant.policy.types import QueuedRequest, WorkerView
 
 SHORT_CALL_TOKENS = 2048  # Alg. 2 line 2 (footnote 3: from the traces' statistics)
 ENGINE_QUEUE_FACTOR = 8.0  # placements per worker, x max_batch, before calls wait in the global queue
@@ -72,6 +72,8 @@ class PlasPriority(_ProgramPriority):
     placed, which with engine-side queueing is its arrival (Alg. 1 line 11).
     """
 
+    capabilities = frozenset({Capability.PROGRAM_AWARE, Capability.INCREMENTAL_PRIORITY})
+
     def priority(self, request: QueuedRequest, now: float) -> float:
         program = self.programs.of(request)
         return 0.0 if program is None else -program.service_s
@@ -87,6 +89,8 @@ class AtlasPriority(_ProgramPriority):
     is 0 for a program's first call.  p(c) is fixed when the call arrives.  On a chain both
     readings equal PLAS.
     """
+
+    capabilities = frozenset({Capability.PROGRAM_AWARE, Capability.INCREMENTAL_PRIORITY})
 
     def priority(self, request: QueuedRequest, now: float) -> float:
         return -self.programs.atlas_priority(request)
@@ -219,6 +223,15 @@ class KQueuePriority(AtlasPriority):
     and beta.  With ``atlas=False`` every call enters Q_1: the program-agnostic MLFQ of Fig. 2c.
     """
 
+    capabilities = frozenset(
+        {
+            Capability.PROGRAM_AWARE,
+            Capability.FIXED_PRIORITY,
+            Capability.INCREMENTAL_PRIORITY,
+            Capability.ENGINE_RULE,
+        }
+    )
+
     def __init__(self, config: KQueueConfig | None = None, *, atlas: bool = True) -> None:
         super().__init__()
         self.config = config or KQueueConfig()
@@ -246,6 +259,8 @@ class LeastUsedRouting:
     balancer holds nothing back.
     """
 
+    capabilities = frozenset({Capability.ENGINE_QUEUED})
+
     def __init__(self, engine_queue_factor: float = ENGINE_QUEUE_FACTOR) -> None:
         self._factor = engine_queue_factor
 
@@ -268,6 +283,8 @@ class LocalityLoadBalancer(LeastUsedRouting, _ProgramPolicy):
     queuing delays"), one that is gone, draining or excluded for the call is replaced by the least
     used engine, which becomes the new pin.  A call outside any program is never pinned.
     """
+
+    capabilities = frozenset({Capability.PROGRAM_AWARE, Capability.ENGINE_QUEUED})
 
     def __init__(self, engine_queue_factor: float = ENGINE_QUEUE_FACTOR) -> None:
         LeastUsedRouting.__init__(self, engine_queue_factor)
@@ -303,7 +320,7 @@ def _kq_mlfq() -> KQueuePriority:
 
 
 PRIORITY_POLICIES.register("mlfq")(_kq_mlfq)
-PRESETS.register("plas")(lambda: SchedulerPreset("plas", "autellix-lb"))
-PRESETS.register("atlas")(lambda: SchedulerPreset("atlas", "autellix-lb"))
-PRESETS.register("mlfq")(lambda: SchedulerPreset("mlfq", "least-used"))
-PRESETS.register("autellix")(lambda: SchedulerPreset("autellix-kq", "autellix-lb"))
+PRESETS.register_preset("plas", Preset("plas", "autellix-lb"))
+PRESETS.register_preset("atlas", Preset("atlas", "autellix-lb"))
+PRESETS.register_preset("mlfq", Preset("mlfq", "least-used"))
+PRESETS.register_preset("autellix", Preset("autellix-kq", "autellix-lb"))

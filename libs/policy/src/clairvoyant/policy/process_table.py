@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from clairvoyant.scheduler.core.types import Completion, QueuedRequest
+from clairvoyant.policy.types import Completion, QueuedRequest
 
 ProgramKey = tuple[str, str]  # (tenant, workflow_id)
 

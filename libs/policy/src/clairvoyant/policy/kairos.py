@@ -20,17 +20,17 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from clairvoyant.scheduler.core.policies import (
-    PRESETS,
+from clairvoyant.policy.capabilities import Capability
+from clairvoyant.policy.presets import PRESETS, Preset
+from clairvoyant.policy.process_table import ProcessTable, ProgramKey, program_key
+from clairvoyant.policy.scheduling import (
     PRIORITY_POLICIES,
     ROUTING_POLICIES,
     PriorityChanges,
     ProgramRows,
-    SchedulerPreset,
     eligible_workers,
 )
-from clairvoyant.scheduler.core.process_table import ProcessTable, ProgramKey, program_key
-from clairvoyant.scheduler.core.types import QueuedRequest, WorkerReport, WorkerView
+from clairvoyant.policy.types import QueuedRequest, WorkerReport, WorkerView
 
 # One rank step outweighs any difference in workflow start: starts are core-time seconds, and a
 # live scheduler's monotonic clock stays below 1e9 s (31 years).  At rank 100 the float still
@@ -80,6 +80,8 @@ class KairosPriority:
       frontend arrival of §5.2); a call outside any program is its own workflow.
     - "Inside an agent" is read as inside a rank: two agents with the same rank share the order.
     """
+
+    capabilities = frozenset({Capability.PROGRAM_AWARE, Capability.INCREMENTAL_PRIORITY})
 
     def __init__(self) -> None:
         self._starts = _StartTimes()
@@ -212,6 +214,8 @@ class KairosTimeSlotRouting:
       policy has calls placed there, so an idle instance always takes work.
     """
 
+    capabilities = frozenset({Capability.PROGRAM_AWARE, Capability.OBSERVES_WORKERS})
+
     def __init__(self, config: TimeSlotConfig | None = None) -> None:
         self.config = config or TimeSlotConfig()
         self.programs: ProcessTable | None = None
@@ -333,4 +337,4 @@ class KairosTimeSlotRouting:
             self._suspended_until.pop(worker_id, None)
 
 
-PRESETS.register("kairos")(lambda: SchedulerPreset("kairos", "kairos-timeslot"))
+PRESETS.register_preset("kairos", Preset("kairos", "kairos-timeslot"))

@@ -17,17 +17,17 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from clairvoyant.scheduler.core.policies import (
-    PRESETS,
+from clairvoyant.policy.capabilities import Capability
+from clairvoyant.policy.presets import PRESETS, Preset
+from clairvoyant.policy.process_table import ProcessTable, program_key
+from clairvoyant.policy.scheduling import (
     PRIORITY_POLICIES,
     ROUTING_POLICIES,
     PriorityChanges,
     ProgramRows,
-    SchedulerPreset,
     least_used_eligible,
 )
-from clairvoyant.scheduler.core.process_table import ProcessTable, program_key
-from clairvoyant.scheduler.core.types import QueuedRequest, WorkerView
+from clairvoyant.policy.types import QueuedRequest, WorkerView
 
 # Placements per worker, x max_batch, before calls wait in the global queue.  Ours: the real
 # routers hold nothing back; 8x is autellix-lb's cap, so presets compared differ only in policy.
@@ -41,7 +41,11 @@ def _least_loaded(candidates: Sequence[WorkerView]) -> WorkerView:
 
 def _usable(worker: WorkerView, request: QueuedRequest) -> bool:
     """The worker could take the request once it has room: same model, not draining, not excluded."""
-    return worker.model == request.model and not worker.draining and worker.worker_id not in request.exclude_workers
+    return (
+        worker.model == request.model
+        and not worker.draining
+        and worker.worker_id not in request.exclude_workers
+    )
 
 
 class _ProgramPolicy:
@@ -85,6 +89,8 @@ class SessionAffinityRouting(_EngineQueued, _ProgramPolicy):
     - a request without app_metadata goes to the least loaded worker (QPS is not in WorkerView;
       outstanding placements is the load figure both routers keep).
     """
+
+    capabilities = frozenset({Capability.PROGRAM_AWARE, Capability.ENGINE_QUEUED})
 
     def __init__(self, engine_queue_factor: float = ROUTER_QUEUE_FACTOR) -> None:
         _EngineQueued.__init__(self, engine_queue_factor)
@@ -186,7 +192,10 @@ class ApproximateTrees:
         """The candidate with the smallest tree, then fewer placements, then the smaller id (one
         pass; a full key is compared only against an equally small best)."""
         sizes = self._size
-        best, best_key = candidates[0], (sizes.get(candidates[0].worker_id, 0), candidates[0].placed, candidates[0].worker_id)
+        best, best_key = (
+            candidates[0],
+            (sizes.get(candidates[0].worker_id, 0), candidates[0].placed, candidates[0].worker_id),
+        )
         for w in candidates[1:]:
             size = sizes.get(w.worker_id, 0)
             if size > best_key[0]:
@@ -230,6 +239,8 @@ class CacheAwareRouting(_EngineQueued):
     have queued it there); one that is draining or excluded does not count as a match (the
     router matches only healthy workers).  A worker that leaves takes its tree with it.
     """
+
+    capabilities = frozenset({Capability.ENGINE_QUEUED})
 
     def __init__(
         self, config: CacheAwareConfig | None = None, engine_queue_factor: float = ROUTER_QUEUE_FACTOR
@@ -292,7 +303,11 @@ class CacheAwareRouting(_EngineQueued):
         holders = self.trees.matches(entry)
         if not holders:
             return None
-        by_id = {w.worker_id: w for w in serving if w.worker_id in holders and w.worker_id not in request.exclude_workers}
+        by_id = {
+            w.worker_id: w
+            for w in serving
+            if w.worker_id in holders and w.worker_id not in request.exclude_workers
+        }
         best: tuple[WorkerView, float] | None = None
         # Most recently routed last, so ">=" lets the latest of equal matches win.
         for worker_id, held in holders.items():
@@ -319,6 +334,8 @@ class ProgramFcfsPriority(_ProgramPolicy):
     (``IncrementalPriority``).
     """
 
+    capabilities = frozenset({Capability.PROGRAM_AWARE, Capability.INCREMENTAL_PRIORITY})
+
     def __init__(self) -> None:
         super().__init__()
         self._rows = ProgramRows()
@@ -331,6 +348,6 @@ class ProgramFcfsPriority(_ProgramPolicy):
         return self._rows.changes(self.programs)
 
 
-PRESETS.register("vllm-prodstack")(lambda: SchedulerPreset("fcfs", "session-affinity"))
-PRESETS.register("sglang-gw")(lambda: SchedulerPreset("fcfs", "sglang-cache-aware"))
-PRESETS.register("continuum")(lambda: SchedulerPreset("program-fcfs", "session-affinity"))
+PRESETS.register_preset("vllm-prodstack", Preset("fcfs", "session-affinity"))
+PRESETS.register_preset("sglang-gw", Preset("fcfs", "sglang-cache-aware"))
+PRESETS.register_preset("continuum", Preset("program-fcfs", "session-affinity"))

@@ -13,15 +13,15 @@ so the deepest call of a workflow runs first and equal depths go in arrival orde
 
 from __future__ import annotations
 
-from clairvoyant.scheduler.core.policies import (
-    PRESETS,
+from clairvoyant.policy.capabilities import Capability
+from clairvoyant.policy.presets import PRESETS, Preset
+from clairvoyant.policy.process_table import ProcessTable, program_key
+from clairvoyant.policy.scheduling import (
     PRIORITY_POLICIES,
     PriorityChanges,
     ProgramRows,
-    SchedulerPreset,
 )
-from clairvoyant.scheduler.core.process_table import ProcessTable, program_key
-from clairvoyant.scheduler.core.types import QueuedRequest
+from clairvoyant.policy.types import QueuedRequest
 
 
 @PRIORITY_POLICIES.register("topo-depth")
@@ -42,6 +42,8 @@ class TopoDepthPriority:
       touched are re-ranked (``IncrementalPriority``); the depth itself does not change.
     """
 
+    capabilities = frozenset({Capability.PROGRAM_AWARE, Capability.INCREMENTAL_PRIORITY})
+
     def __init__(self) -> None:
         self.programs: ProcessTable | None = None
         self._rows = ProgramRows()
@@ -60,4 +62,4 @@ class TopoDepthPriority:
         return self._rows.changes(self.programs)
 
 
-PRESETS.register("topo-depth")(lambda: SchedulerPreset("topo-depth", "round-robin"))
+PRESETS.register_preset("topo-depth", Preset("topo-depth", "round-robin"))

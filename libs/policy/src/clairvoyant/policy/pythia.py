@@ -30,24 +30,22 @@ import math
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from clairvoyant.contracts.v1 import common_pb2
-from clairvoyant.scheduler.core.policies import (
-    PRESETS,
+from clairvoyant.policy.capabilities import Capability
+from clairvoyant.policy.presets import PRESETS, Preset
+from clairvoyant.policy.process_table import ProcessTable
+from clairvoyant.policy.scheduling import (
     PRIORITY_POLICIES,
     ROUTING_POLICIES,
     EngineSequence,
     LocalRule,
     PriorityChanges,
-    SchedulerPreset,
+    SchedulerView,
     eligible_workers,
 )
-from clairvoyant.scheduler.core.process_table import ProcessTable
-from clairvoyant.scheduler.core.types import QueuedRequest, WorkerView
-
-if TYPE_CHECKING:
-    from clairvoyant.scheduler.core.global_queue import GlobalScheduler
+from clairvoyant.policy.types import QueuedRequest, WorkerView
 
 TRUSTED = (common_pb2.CONFIDENCE_LOW, common_pb2.CONFIDENCE_HIGH)
 _SLACK = 1e-9  # Σ α_i is a float sum: 50 × 0.01 must pass ε = 0.5
@@ -120,19 +118,25 @@ class PythiaCapacityRouting:
     it); a node with headroom exactly 0 is a candidate (line 9's strict ">" from 0 would refuse it).
     """
 
+    capabilities = frozenset({Capability.PROGRAM_AWARE, Capability.SCHEDULER_AWARE})
+
     def __init__(self, config: PythiaRoutingConfig | None = None) -> None:
         self.config = config or PythiaRoutingConfig()
-        self._scheduler: GlobalScheduler | None = None
+        self._scheduler: SchedulerView | None = None
         self._programs: ProcessTable | None = None
 
-    def bind_scheduler(self, scheduler: GlobalScheduler) -> None:
+    def bind_scheduler(self, scheduler: SchedulerView) -> None:
         self._scheduler = scheduler
 
     def bind_programs(self, table: ProcessTable) -> None:
         self._programs = table
 
     def load(self, worker: WorkerView) -> NodeLoad:
-        capacity = worker.kv_blocks_total * (worker.block_size or self.config.block_size) if worker.kv_blocks_total else math.inf
+        capacity = (
+            worker.kv_blocks_total * (worker.block_size or self.config.block_size)
+            if worker.kv_blocks_total
+            else math.inf
+        )
         active = self._scheduler.placed_requests(worker.worker_id) if self._scheduler is not None else []
         bounds = [length_bound(r, worker.max_model_len, self.config.alpha) for r in active]
         return NodeLoad(
@@ -204,16 +208,20 @@ class PythiaPriority:
     re-ranked only where the full re-rank would give another value.
     """
 
+    capabilities = frozenset(
+        {Capability.SCHEDULER_AWARE, Capability.INCREMENTAL_PRIORITY, Capability.ENGINE_RULE}
+    )
+
     def __init__(self, config: PythiaPriorityConfig | None = None) -> None:
         self.config = config or PythiaPriorityConfig()
-        self._scheduler: GlobalScheduler | None = None
+        self._scheduler: SchedulerView | None = None
         # (workflow type, agent) -> its idle-risk boolean as of the last ranking, and the calls
         # whose value read it (ids of calls no longer queued are pruned now and then).
         self._at_risk: dict[tuple[str, str], bool] | None = None
         self._readers: dict[tuple[str, str], dict[str, None]] = {}
         self._reads = 0
 
-    def bind_scheduler(self, scheduler: GlobalScheduler) -> None:
+    def bind_scheduler(self, scheduler: SchedulerView) -> None:
         self._scheduler = scheduler
 
     def model_queue_depth(self, model: str) -> int:
@@ -266,7 +274,7 @@ class PythiaPriority:
             readers[request_id] = None
             self._reads += 1
 
-    def _prune(self, scheduler: GlobalScheduler) -> None:
+    def _prune(self, scheduler: SchedulerView) -> None:
         queued = {r.request_id for r in scheduler.queued_requests()}
         for pair, readers in self._readers.items():
             self._readers[pair] = {rid: None for rid in readers if rid in queued}
@@ -300,4 +308,4 @@ class PythiaAgingRule:
         return seq.priority + self.aging_rate * (now - first)
 
 
-PRESETS.register("pythia")(lambda: SchedulerPreset("pythia", "pythia-capacity"))
+PRESETS.register_preset("pythia", Preset("pythia", "pythia-capacity"))

@@ -38,19 +38,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from clairvoyant.scheduler.core.kairos import KairosTimeSlotRouting, TimeSlotConfig
-from clairvoyant.scheduler.core.policies import (
-    PRESETS,
+from clairvoyant.policy.capabilities import Capability
+from clairvoyant.policy.kairos import KairosTimeSlotRouting, TimeSlotConfig
+from clairvoyant.policy.presets import PRESETS, Preset
+from clairvoyant.policy.process_table import ProcessTable
+from clairvoyant.policy.pythia import PythiaAgingRule, completion_score, trusted_annotations
+from clairvoyant.policy.scheduling import (
     PRIORITY_POLICIES,
     ROUTING_POLICIES,
     LocalRule,
     PriorityChanges,
     ProgramRows,
-    SchedulerPreset,
 )
-from clairvoyant.scheduler.core.process_table import ProcessTable
-from clairvoyant.scheduler.core.pythia import PythiaAgingRule, completion_score, trusted_annotations
-from clairvoyant.scheduler.core.types import QueuedRequest, WorkerView
+from clairvoyant.policy.types import QueuedRequest, WorkerView
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +75,10 @@ class ClairvoyantPriority:
     call in the table before it ranks it); a call of no program starts its own.  A program that
     left the table (idle for its TTL in a long tool call) starts again with its next call.
     """
+
+    capabilities = frozenset(
+        {Capability.PROGRAM_AWARE, Capability.INCREMENTAL_PRIORITY, Capability.ENGINE_RULE}
+    )
 
     def __init__(self, config: ClairvoyantPriorityConfig | None = None) -> None:
         self.config = config or ClairvoyantPriorityConfig()
@@ -120,6 +124,8 @@ class ClairvoyantRouting(KairosTimeSlotRouting):
     The chosen worker becomes the session's worker.  None fits: the call waits.
     """
 
+    capabilities = frozenset({Capability.PROGRAM_AWARE, Capability.OBSERVES_WORKERS})
+
     def __init__(self, config: ClairvoyantRoutingConfig | None = None) -> None:
         self.routing_config = config or ClairvoyantRoutingConfig()
         super().__init__(self.routing_config.slots)
@@ -141,4 +147,4 @@ class ClairvoyantRouting(KairosTimeSlotRouting):
         return chosen
 
 
-PRESETS.register("clairvoyant")(lambda: SchedulerPreset("clairvoyant", "clairvoyant"))
+PRESETS.register_preset("clairvoyant", Preset("clairvoyant", "clairvoyant"))

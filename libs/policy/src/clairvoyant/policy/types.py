@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from clairvoyant.contracts.v1 import common_pb2, worker_pb2
+from clairvoyant.contracts.v1 import common_pb2
 from clairvoyant.core.app_metadata import AppMetadata
 
 
@@ -48,25 +48,6 @@ class WorkerReport:
     # The requests the worker holds (Generate calls in progress); None: it does not say.
     held_requests: frozenset[str] | None = None
 
-    @classmethod
-    def from_proto(cls, stats: worker_pb2.WorkerStats) -> WorkerReport:
-        return cls(
-            worker_id=stats.worker_id,
-            model=stats.model,
-            address=stats.grpc_address,
-            http_address=stats.http_address,
-            running=stats.running,
-            queued=stats.queued,
-            max_batch=stats.max_batch,
-            kv_blocks_used=stats.kv_blocks_used,
-            kv_blocks_total=stats.kv_blocks_total,
-            max_model_len=stats.max_model_len,
-            draining=stats.draining,
-            heartbeat_interval_s=stats.heartbeat_interval_s,
-            preemptions_total=stats.preemptions_total,
-            block_size=stats.block_size,
-            held_requests=frozenset(stats.held.request_ids) if stats.HasField("held") else None,
-        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,36 +1,21 @@
-"""Priority and routing policies: the two Protocols, their registries, presets, and the baselines.
+"""The scheduling families: priority and routing policies, the engine's local rule, and the hooks
+a policy may declare (``capabilities.py``), with the registries and the baselines FCFS, round robin
+and least loaded.
 
 A policy is pure: plain inputs and ``now`` in, a decision out; it never reads a clock or does I/O.
 It may keep internal state (the round-robin cursor, an attained-service table), so each scheduler
-builds its own instances through the registries.  Later presets (pythia, autellix, kairos, saga)
-live in their own modules and register here by name.
-
-Beyond the two methods, a policy may implement optional hooks, each a one-method Protocol the
-scheduler checks with isinstance (so no preset is special-cased anywhere):
-
-- ``ProgramAware.bind_programs(table)``: the policy reads the scheduler's process table;
-- ``EngineQueued.engine_queue_factor()``: a routing policy that hands calls to the engines' own
-  queues (they order and preempt them) may hold up to factor x max_batch placements per worker;
-- ``EngineRanked.engine_rule()``: a priority policy with an engine-side counterpart (demotion,
-  anti-starvation) gives a fresh rule per engine; engines that take rules install it;
-- ``FixedPriority.priority_is_fixed()``: a priority policy whose value for a request never changes
-  while it waits lets the scheduler rank it once, at submit, and keep each queue as a heap;
-- ``IncrementalPriority.priority_changes(now)``: a priority policy whose values change only with
-  known events (its program's entry in the process table, an epoch, a model's idle state) names
-  the requests those events touched; the scheduler keeps each queue as a heap and re-evaluates
-  only those (``ProgramRows`` does it for a priority that reads only the program's entry);
-- ``WorkerObserver.observe_worker(report, now)``: a routing policy sees every heartbeat as it
-  arrives (e.g. a rise in a worker's preemption count).
+builds its own instances through the registries.  The hook Protocols below state each hook's
+contract; a policy opts in by naming the hook's ``Capability``, never by type probing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import NamedTuple, Protocol
 
-from clairvoyant.core.registry import Registry
-from clairvoyant.scheduler.core.process_table import ChangeFeed, ProcessTable, ProgramKey
-from clairvoyant.scheduler.core.types import QueuedRequest, WorkerReport, WorkerView
+from clairvoyant.policy.capabilities import Capability, PolicyRegistry
+from clairvoyant.policy.process_table import ChangeFeed, ProcessTable, ProgramKey
+from clairvoyant.policy.types import QueuedRequest, WorkerReport, WorkerView
 
 
 class PriorityPolicy(Protocol):
@@ -59,7 +44,6 @@ class RoutingPolicy(Protocol):
         ...
 
 
-@runtime_checkable
 class FixedPriority(Protocol):
     def priority_is_fixed(self) -> bool:
         """True when ``priority(request, now)`` is the same at every ``now`` from the request's
@@ -77,7 +61,6 @@ class PriorityChanges(NamedTuple):
     requests: Collection[str] = ()  # these request ids (ids no longer queued are ignored)
 
 
-@runtime_checkable
 class IncrementalPriority(Protocol):
     def priority_changes(self, now: float) -> PriorityChanges:
         """The queued requests whose ``priority(request, now)`` may differ from its value at the
@@ -108,14 +91,12 @@ class ProgramRows:
         return PriorityChanges(programs=self._feed.take()) if self._feed is not None else PriorityChanges()
 
 
-@runtime_checkable
 class WorkerObserver(Protocol):
     def observe_worker(self, report: WorkerReport, now: float) -> None:
         """Called with every worker report the scheduler receives, after it has recorded it."""
         ...
 
 
-@runtime_checkable
 class ProgramAware(Protocol):
     def bind_programs(self, table: ProcessTable) -> None:
         """Called once by the scheduler that owns ``table``; the policy may keep and read it.  The
@@ -124,7 +105,6 @@ class ProgramAware(Protocol):
         ...
 
 
-@runtime_checkable
 class EngineQueued(Protocol):
     def engine_queue_factor(self) -> float:
         """Placements the scheduler may hold per worker, as a multiple of its max_batch (>= 1).
@@ -158,7 +138,6 @@ class LocalRule(Protocol):
         ...
 
 
-@runtime_checkable
 class EngineRanked(Protocol):
     def engine_rule(self) -> LocalRule:
         """A fresh engine-side rule (one per engine) that refines the base priority over a call's
@@ -166,16 +145,46 @@ class EngineRanked(Protocol):
         ...
 
 
-class SchedulerPreset(NamedTuple):
-    """A named pair of policies; the scheduler's share of a system-wide preset."""
+class SchedulerView(Protocol):
+    """What a ``SCHEDULER_AWARE`` policy may read of the scheduler it serves (the global scheduler
+    implements it).  Reads only, plus ``watch_queued_programs``, which changes nothing it decides with."""
 
-    priority: str  # a name in PRIORITY_POLICIES
-    routing: str  # a name in ROUTING_POLICIES
+    def queue_depth(self, model: str) -> int: ...
+    def queued_requests(self, model: str | None = None) -> list[QueuedRequest]: ...
+    def queued_calls(self, key: ProgramKey) -> list[QueuedRequest]: ...
+    def queued_programs(self) -> list[ProgramKey]: ...
+    def placed_requests(self, worker_id: str) -> list[QueuedRequest]: ...
+    def agent_model(self, workflow_type_id: str, agent_id: str) -> str | None: ...
+    def workers(self) -> list[WorkerView]: ...
+    def watch_queued_programs(self) -> ChangeFeed: ...
 
 
-PRIORITY_POLICIES: Registry[PriorityPolicy] = Registry("priority policy")
-ROUTING_POLICIES: Registry[RoutingPolicy] = Registry("routing policy")
-PRESETS: Registry[SchedulerPreset] = Registry("scheduler preset")
+class SchedulerAware(Protocol):
+    def bind_scheduler(self, scheduler: SchedulerView) -> None:
+        """Called once by the scheduler that the policy serves.  The policy may keep it and call its
+        read-only methods (``SchedulerView``), never the ones that change it."""
+        ...
+
+
+class Rebalancing(Protocol):
+    def rebalance(self, now: float) -> None:
+        """Called at the start of every ``dispatch``, before anything is ranked or placed.  A routing
+        policy may move queued calls between workers here by rewriting the pins it owns
+        (``Program.engine_id``); it must not change the scheduler (SAGA's work stealing)."""
+        ...
+
+
+class MigratesKv(Protocol):
+    def kv_source(self, request: QueuedRequest, worker_id: str) -> str | None:
+        """Called once per placement, right after ``route`` chose ``worker_id``: the worker whose
+        cached KV of the request's session should be moved to ``worker_id`` before the call runs
+        there, or None.  The answer is the placement's ``Decision.kv_source``; moving it (or giving
+        up and recomputing) is the caller's (SAGA §5.2 step 3)."""
+        ...
+
+
+PRIORITY_POLICIES: PolicyRegistry[PriorityPolicy] = PolicyRegistry("priority policy")
+ROUTING_POLICIES: PolicyRegistry[RoutingPolicy] = PolicyRegistry("routing policy")
 
 
 def eligible_workers(request: QueuedRequest, workers: Sequence[WorkerView]) -> list[WorkerView]:
@@ -216,15 +225,11 @@ def least_used_eligible(request: QueuedRequest, workers: Sequence[WorkerView]) -
     return best
 
 
-def build_policies(preset: str) -> tuple[PriorityPolicy, RoutingPolicy]:
-    """Fresh policy instances for a preset name.  Raises ValueError for an unknown name."""
-    names = PRESETS.create(preset)
-    return PRIORITY_POLICIES.create(names.priority), ROUTING_POLICIES.create(names.routing)
-
-
 @PRIORITY_POLICIES.register("fcfs")
 class FcfsPriority:
     """First come, first served: every request has priority 0, so arrival order decides."""
+
+    capabilities = frozenset({Capability.FIXED_PRIORITY})
 
     def priority(self, request: QueuedRequest, now: float) -> float:
         return 0.0
@@ -240,6 +245,8 @@ class RoundRobinRouting:
     The cursor remembers the last worker chosen, not an index, so workers joining or leaving do
     not reshuffle the rotation: the next pick is the first eligible id after the last one, wrapping.
     """
+
+    capabilities = frozenset()
 
     def __init__(self) -> None:
         self._last: dict[str, str] = {}  # model -> worker id chosen last
@@ -259,13 +266,11 @@ class LeastLoadedRouting:
     """The eligible worker with the lowest (placed + queued) / max_batch, then the lowest KV usage
     fraction, then the smallest worker id (so ties are deterministic)."""
 
+    capabilities = frozenset()
+
     def route(self, request: QueuedRequest, workers: Sequence[WorkerView], now: float) -> str | None:
         candidates = eligible_workers(request, workers)
         if not candidates:
             return None
         best = min(candidates, key=lambda w: ((w.placed + w.queued) / w.max_batch, w.kv_usage, w.worker_id))
         return best.worker_id
-
-
-PRESETS.register("fcfs-rr")(lambda: SchedulerPreset("fcfs", "round-robin"))
-PRESETS.register("least-loaded")(lambda: SchedulerPreset("fcfs", "least-loaded"))

@@ -1,0 +1,63 @@
+"""The policy families, their registries and the presets: pure, shared by every service and the
+simulator.  Importing this package registers every built-in policy and preset.
+
+    priority / routing (scheduling.py) · engine rule (LocalRule) · cache (cache.py) · scaling (scaling.py)
+    a policy's optional hooks: capabilities.py · presets: presets.py
+"""
+
+from clairvoyant.policy import autellix as autellix  # registers the autellix, plas, atlas, mlfq presets
+from clairvoyant.policy import baselines as baselines  # registers the industry baseline presets
+from clairvoyant.policy import clairvoyant as clairvoyant  # registers the clairvoyant preset
+from clairvoyant.policy import kairos as kairos  # registers the kairos preset
+from clairvoyant.policy import pythia as pythia  # registers the pythia preset
+from clairvoyant.policy import saga as saga  # registers the saga preset
+from clairvoyant.policy import topo as topo  # registers the topo-depth preset
+from clairvoyant.policy.cache import CACHE_POLICIES, BlockUse, CacheDirective, CachePolicy
+from clairvoyant.policy.capabilities import Capability, PolicyRegistry, capabilities_of
+from clairvoyant.policy.presets import (
+    PRESETS,
+    Preset,
+    build_cache_policy,
+    build_engine_rule,
+    build_policies,
+    build_scaling_policy,
+    engine_rule_of,
+)
+from clairvoyant.policy.scaling import SCALING_POLICIES, ScalingDecision, ScalingInput, ScalingPolicy
+from clairvoyant.policy.scheduling import (
+    PRIORITY_POLICIES,
+    ROUTING_POLICIES,
+    LocalRule,
+    PriorityPolicy,
+    RoutingPolicy,
+    SchedulerView,
+    eligible_workers,
+)
+
+__all__ = [
+    "CACHE_POLICIES",
+    "PRESETS",
+    "PRIORITY_POLICIES",
+    "ROUTING_POLICIES",
+    "SCALING_POLICIES",
+    "BlockUse",
+    "CacheDirective",
+    "CachePolicy",
+    "Capability",
+    "LocalRule",
+    "PolicyRegistry",
+    "Preset",
+    "PriorityPolicy",
+    "RoutingPolicy",
+    "ScalingDecision",
+    "ScalingInput",
+    "ScalingPolicy",
+    "SchedulerView",
+    "build_cache_policy",
+    "build_engine_rule",
+    "build_policies",
+    "build_scaling_policy",
+    "capabilities_of",
+    "eligible_workers",
+    "engine_rule_of",
+]
