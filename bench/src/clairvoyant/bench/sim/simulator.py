@@ -26,14 +26,13 @@ replica (SAGA's stolen sessions) exports from it, at once, the cached prefix of 
 (the live worker's ExportKV by tokens; the live scheduler, which has no tokens, exports the
 session's path instead), and the call joins its new replica only when the transfer is done: after
 ``EmulatesKvTransfer.kv_transfer_seconds(exported tokens)`` (the cost model's inter-node link), when
-the prefix is imported into the new replica's radix cache.  The rule: the call waits for the
-transfer only when it is shorter than recomputing what it would save, one batch-1 prefill of the
-whole blocks of the prompt that the prefix covers and the new replica does not cache
-(``recompute_seconds``); otherwise, or when nothing would be saved, the call starts at once and
-recomputes.  Neither replica stalls meanwhile (the NICs move the KV), and the source keeps its
-copy.  ``migrations`` lists the transfers made.  Exports and plans only peek at the caches, and an
-import that lands during a decode run waits for the step in flight to commit (the run is cut
-there), so fast-forwarded runs still equal step-by-step ones.
+the prefix is imported into the new replica's radix cache.  Whether to wait for it is the
+scheduler core's rule (``scheduler.core.migration.worth_moving``), with the recompute time of one
+batch-1 prefill of what the move would save (``recompute_seconds``).  Neither replica stalls
+meanwhile (the NICs move the KV), and the source keeps its copy.  ``migrations`` lists the
+transfers made.  Exports and plans only peek at the caches, and an import that lands during a
+decode run waits for the step in flight to commit (the run is cut there), so fast-forwarded runs
+still equal step-by-step ones.
 """
 
 from __future__ import annotations
@@ -55,6 +54,7 @@ from clairvoyant.bench.sim.prompts import PromptBook
 from clairvoyant.bench.workloads.program import Call, WorkflowProgram
 from clairvoyant.core.app_metadata import AppMetadata
 from clairvoyant.scheduler.core import Decision, GlobalScheduler, QueuedRequest, WorkerReport
+from clairvoyant.scheduler.core.migration import worth_moving
 from clairvoyant.worker.core.engine import DecodeRun, EngineConfig, EngineRequest, LLMEngine, RequestOutput
 from clairvoyant.worker.core.kv_transfer import KvPrefix, export_prefix, import_prefix
 from clairvoyant.worker.core.sampling import SamplingParams
@@ -347,7 +347,7 @@ class Simulator:
             return None
         saved = self._saved_tokens(target, prefix, len(prompt))
         seconds = runner.kv_transfer_seconds(prefix.num_tokens)
-        if saved == 0 or seconds >= runner.recompute_seconds(saved):
+        if not worth_moving(saved, seconds, runner.recompute_seconds(saved) if saved else 0.0):
             return None
         now = self.events.now
         move = Migration(
