@@ -1,8 +1,7 @@
 """Bounded path expressions: the AST, a printer and a parser.
 
-Pythia (seed 000, §4.1 "Execution trace modeling via regular expressions", Listing 1) describes a
-workflow as a regular expression over agent roles whose loops are *bounded* to their dominant
-percentile.  The grammar used here (whitespace is insignificant):
+Pythia (seed 000, §4.1, Listing 1) describes a workflow as a regular expression over agent roles
+whose loops are *bounded* to their dominant percentile.  The grammar (whitespace is insignificant):
 
     expr   := seq
     seq    := term ( "->" term )*
@@ -15,20 +14,10 @@ percentile.  The grammar used here (whitespace is insignificant):
     alt    := seq ( "|" seq )*
     AGENT  := [A-Za-z0-9._:@/+=-]+                   (an agent id; "->" always ends a name)
 
-The unit the language is made of is a *step* (see ``trace.Step``): one agent call, or a group of
-calls that ran in parallel.  ``a`` matches a one-call step of agent ``a``; ``<x>{m,n}`` matches one
-step of k parallel calls, m <= k <= n, each matched by ``x`` (an agent or an alternative of agents;
-a heterogeneous group such as {critic, writer} is written ``<critic | writer>{2,2}`` and that also
-admits {critic, critic} — the fan-out body does not count members per agent).
-
-Choices written down where the paper is silent or garbled:
-* ``$`` may appear anywhere; it ends the workflow on that branch, so anything after it in the same
-  sequence is unreachable (``(a -> $ | b) -> c`` = "a ends it, b continues to c").
-* Pythia's ``{2-4}`` is written ``{2,4}``; unbounded repetition does not exist (every language is
-  finite, which is what makes remaining-step expectations exact).
-* The AST is kept exactly as written: ``(a -> b) -> c`` is a sequence whose first item is a
-  sequence, and the printer puts the parentheses back, so ``parse(to_text(e)) == e`` for every
-  valid tree.  ``seq(...)`` / ``alt(...)`` are the flattening constructors synthesis uses.
+The language is made of steps (``trace.Step``).  ``parse`` raises ``ParseError`` (with the position)
+on text outside the grammar; building a node with invalid parts raises ``ExpressionError``.  The AST
+is kept as written, so ``parse(to_text(e)) == e`` for every valid tree; ``seq``/``alt`` are the
+flattening constructors.  The choices where the paper is silent: docs/profiler.md, "Path expressions".
 """
 
 from __future__ import annotations

@@ -1,33 +1,13 @@
 """Per-agent statistics: output lengths, service and remaining latency, gaps, convergence.
 
-* Output length (Pythia, seed 000, §3 Table 1 and §4.1): p50 and the p99 high-confidence bound, CV.
-  For agents with a high CV (> ``HIGH_CV``) Pythia observes "a strong correlation between
-  consecutive calls" (Opportunity #2): we keep (previous, current) pairs of the same agent in the
-  same workflow, report their Pearson correlation in log space, and when it is at least
-  ``MIN_CORRELATION`` predict the interval from the previous length with a log-linear fit,
-  log(1+y) = a + b log(1+x) + e, p50/p99 from the residual quantiles.
-* Service time (end - start) and remaining latency to the end of the workflow (Kairos, seed 004,
-  §4.3: per call, workflow end - call start; all the paths an agent leads to are pooled, each
-  weighted by how often it happened, as Kairos does for agents with several downstream paths).
-* Gap after the agent: next step start - call end (tool or think time), the distribution SAGA's
-  tool-call-aware TTL (seed 003, §4.2, Algorithm 1) takes its percentile from (default p95); also
-  kept per tool when the next call names the ``tool`` that preceded it.
-* Convergence (Kairos §4.3): samples arrive in an exponentially growing schedule; each time the count
-  doubles (8, 16, 32, ...) the Wasserstein-1 distance between the distribution at n and at 2n is
-  computed, and "if this distance falls below a predefined threshold, the distribution is
-  considered converged and can be utilized".  Choices: the distance is relative (W1 divided by the
-  mean of the newer distribution, so one threshold serves seconds and tokens), the threshold is
-  0.1 (the paper gives no number), and the first check is at 8 so a stable distribution can
-  converge at 16 samples.  Convergence *latches*, as in the paper: once a check passes, a later
-  check that fails (a heavy tail meeting a rare long sample) does not take it back; ``distance``
-  still reports the latest check.  Guarding against a model that has become wrong is not this
-  test's job: the confidence tier sends a profile back to SHADOW when its path acceptance drops
-  (``confidence.py``).  (An earlier reading here let every check overrule the last and also
-  required the workflow length and duration to converge; on heterogeneous real workflows — ChatDev
-  runs of 12 to 50 calls, Claude Code sessions of 4 to 561 — that never happened, so nothing beyond
-  the length interval was ever served.)
-Samples are kept in a sliding window of the most recent ``MAX_SAMPLES`` so memory is bounded and a
-drifting agent is followed.
+``AgentStats`` keeps one agent's samples in sliding windows of the most recent ``MAX_SAMPLES``
+(memory stays bounded and a drifting agent is followed) and summarises them (``AgentSummary``:
+the p50/p99 output-length interval, conditional on the previous call's length for high-CV agents,
+service time, remaining latency, gap after).  ``ConvergenceTracker`` is Kairos' doubling check
+(relative W1 <= ``DEFAULT_CONVERGENCE_THRESHOLD``, first at ``FIRST_CHECK`` samples, latched once
+passed).  ``wasserstein`` is the exact 1-D distance.  The summary of an empty window is None.
+What is measured, from which paper, and why convergence latches: docs/profiler.md,
+"Per-agent statistics and convergence".
 """
 
 from __future__ import annotations

@@ -1,46 +1,10 @@
 """Synthesis of a bounded path expression from traces (Pythia, seed 000, §4.1).
 
-Pythia synthesises its probabilistic automaton into a regular expression "bounded to its highly
-probable structural limits" and prunes transitions seen in fewer than 5% of cases.  The paper gives
-no algorithm; this is the one implemented here (traces are sequences of steps, ``trace.py``):
-
-1. **Dominant traces.**  The step-level transition automaton is pruned at ``prune_threshold``
-   (per-trace support, see ``automaton.py``); traces using a pruned transition are outliers and are
-   left out of the structure (they still count in the acceptance check of step 6).
-2. **Tokens.**  Each step becomes a symbol: its agent id, or ``<members>`` for a parallel group
-   (a fan-out node, its width kept as data).  Runs of one symbol are merged into one token carrying
-   the run length, so self-loops ``(x){m,n}`` never reach the graph stage.
-3. **Loops.**  On the token graph of the sequences at hand (edges again pruned per trace), each
-   non-trivial strongly connected component (Tarjan) is a loop region.  Every maximal segment of a
-   sequence inside it is cut into blocks at each occurrence of the loop *header* (the dominant
-   entry symbol).  Two shapes are recognised, with k the number of iterations:
-   * do-while, ``B^k`` (the segment leaves from the symbol that closes every block):
-     ``(B){m,n}``; a single retry, k in {1, 2}, is written ``B1 -> (B2)?`` with the first and second
-     iterations synthesised separately (Listing 1's ``(engineer){3,6} -> reviewer ->
-     ((engineer){2,4} -> reviewer)?`` — the retry edits less than the first pass);
-   * rework, ``L (R L)^k`` (the segment leaves from the middle of the block, e.g. reviewer ->
-     engineer -> reviewer): ``L -> (R -> L){m,n}``, ``L -> (R -> L)?`` for k in {0, 1}.
-   Bodies are synthesised recursively (nested loops with their own header become nested
-   repetitions).  A region whose segments do not share one header and one exit becomes a local
-   generic loop ``(x | y | ...){m,n}``.  Each segment is then replaced by one loop token.
-4. **Sequence, alternatives, optionals.**  The loop-free sequences are decomposed recursively:
-   symbols that occur once in every non-empty sequence, in the same order, are *anchors* and become
-   the spine of a sequence; the gaps between anchors are synthesised recursively; a gap that is
-   empty in some sequences becomes optional (a skip edge); sequences with no common anchor split
-   into alternatives by connected groups of symbols; a group with no anchor and at most
-   ``max_alternatives`` distinct shapes is an alternative of those shapes; otherwise the symbols are
-   laid out in one topological order with skip edges (optionals; neighbours that never occur
-   together become an alternative), and only if there is no such order, a generic loop.
-5. **Bounds** (repetition counts, run lengths, fan-out widths) are *dominant percentiles* of the
-   observed values: the extreme values holding less than ``bound_tail`` of the mass at each end
-   are dropped (default 1%, i.e. roughly p1..p99, the same percentile as the length bound).
-6. **Check and fallback.**  The expression (followed by ``$``) must accept at least
-   ``min_acceptance`` of *all* the traces.  If it does not — the structure is not reducible, e.g. a
-   free-form group chat — the result is the generic bounded alternation loop
-   ``(a | b | <c>{1,3} | ...){m,n}`` over every step kind, with m..n the dominant percentiles of
-   trace lengths, widened to the observed extremes if needed so that it accepts at least
-   ``fallback_acceptance`` (95%) of the traces.
-Finally the choice probabilities are fitted on the traces (``path_fitting.fit_weights``).
+``synthesize(traces)`` returns a ``SynthesisResult``: the expression, its fitted choice
+probabilities, the share of *all* the traces it accepts, and whether it is structured or the
+generic bounded alternation loop over every step kind (the fallback when no structured expression
+accepts ``min_acceptance`` of them).  Raises ``ValueError`` when given no trace.  The algorithm (dominant traces, tokens, loops, sequence/alternatives/optionals,
+dominant-percentile bounds, check and fallback): docs/profiler.md, "Synthesis".
 """
 
 from __future__ import annotations
@@ -504,7 +468,8 @@ def synthesize(
     automaton: TransitionAutomaton | None = None,
     config: SynthesisConfig = SynthesisConfig(),
 ) -> SynthesisResult:
-    """Synthesise the bounded path expression of a workflow type from its traces (module doc)."""
+    """Synthesise the bounded path expression of a workflow type from its traces
+    (docs/profiler.md, "Synthesis")."""
     traces = [tuple(t) for t in traces]
     if not traces:
         raise ValueError("synthesis needs at least one trace")

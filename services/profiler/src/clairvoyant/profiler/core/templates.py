@@ -1,46 +1,18 @@
 """Prompt-composition templates: which earlier blocks each agent's prompt is made of.
 
-Records carry chained 16-token block hashes (``clairvoyant.core.blockhash``): ``prompt_blocks`` and
-``response_blocks``, where the response chain continues the prompt's, so ``prompt + response`` is the
-chain of the whole finished sequence.  Because every hash covers all the tokens before it, two
-chains share block i exactly when they share their first i + 1 blocks: the only relation chained
-hashes can reveal is a *shared prefix*.  A prompt whose first k blocks equal the first k blocks of
-an earlier call's prompt+response chain is that call's context continued; content copied into the
-middle of a prompt (after a different prefix) is invisible, by construction, to anything that sees
-only hashes — and also to the radix cache, which is what the template is for.
+Records carry chained 16-token block hashes (``clairvoyant.core.blockhash``) of the prompt and the
+response; the only relation chained hashes reveal is a shared *prefix*, so a template is one prefix
+source (an earlier call of the instance, or the agent's static prefix) and the new rest, e.g.
+``${engineer[-1]:prompt:[0,$]}${engineer[-1]:response:[0,$]}${new}``.
 
-    earlier call  engineer[-1]:  |-- prompt (P blocks) --|-- response (R blocks) --|
-    this prompt:                 |-- prompt [0,$] -------|-- response [0,k-P] -|-- new --|
+* ``ChainStore`` keeps an open instance's chains deduplicated, cut at ``max_chain_blocks`` per call
+  and ``max_instance_blocks`` per instance; hashes only, never text.
+* ``describe`` writes one call's template; ``static_run`` finds an agent's static prefix.
+* ``TemplateLearner`` learns each agent's dominant template from closed instances and serves it
+  (``template(agent)``, "" for an agent it has none for).
 
-Notation (ranges are half-open, in blocks, over the source's own chain)::
-
-    template := segment+ "${new}"
-    segment  := "${static:" range "}"                      the agent's static prefix (system prompt)
-              | "${" AGENT "[-" N "]:" part ":" range "}"  an earlier call of AGENT in the instance
-    part     := "prompt" | "response"
-    range    := "[0," end "]"
-    end      := INT            an absolute block count
-              | "$"            all of the source (its length varies, the whole of it is used)
-              | "$-" INT       all but the last INT blocks
-              | "*"            a prefix whose length varies both ways
-    [-N]     := the N-th most recent call of AGENT that started before this one ([-1]: the latest)
-    ${new}   := the rest of the prompt: zero or more blocks seen nowhere earlier
-
-A prompt gets one prefix source: the earlier call (at most ``max_sources`` back, ties to the most
-recent) or the agent's static prefix, whichever shares more blocks (the static prefix on a tie); a
-source matched beyond its prompt is written as its whole prompt followed by a response range.
-
-Learning.  The static prefix of an agent is the longest block run that at least
-``static_min_share`` (and at least two) of its recent instances' first prompts start with.  Each
-call of a closed instance is described by one *shape* (its template with the varying range end
-written ``*``) and the spellings of that end that fit it (``$``, the absolute count, ``$-d``).  Per
-agent the dominant shape is the one most calls had; it is spelled with the most specific end
-(``$``, then absolute, then ``$-d``) that at least ``spelling_min_share`` of that shape's calls
-share, else ``*``.  Support counts are calls.
-
-Memory.  An open instance keeps its calls' chains deduplicated (each call stores the earlier call
-its chain continues and only the blocks it adds; ``ChainStore``), cut at ``max_chain_blocks`` per
-call and ``max_instance_blocks`` per instance; hashes only, never text.
+The notation, how a source is chosen and how the dominant template is spelled: docs/profiler.md,
+"Prompt-composition templates".
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """The trace model: agent calls of one workflow instance, grouped into steps.
 
-A *step* is one agent call or a group of calls that ran in parallel.  Parallel calls are recognised
-with Kairos' reconstruction (seed 004, §4.2): a sweep line over the calls' spans finds calls whose
-execution overlapped, and upstream/parent information, when the application sends it, separates
-calls that overlap only because one triggered the other.
-
-    time ->      planner |====|
-                 explorer        |=====|            one step: {planner}
-                 explorer          |====|           one step: {explorer, explorer, explorer}
-                 explorer         |=======|
-                 engineer                   |===|   one step: {engineer}
-
-Choices:
-* Overlap is strict (``next.start < current_end``); a call that starts exactly when another ends is
-  sequential.  With 1-second timestamps (ChatDev logs) back-to-back calls therefore stay sequential.
-* Within one overlap component, a call whose parent request (``parent_request_ids``) or upstream
-  agent (``upstream_agent_id``, matched to the latest earlier-starting call of that agent) is in
-  the same component comes after it: the component is split into dependency layers, one step each.
-* A long call overlapping a run of short ones merges them into one group; the data cannot tell that
-  apart from a true fan-out without parent ids.
+A *step* is one agent call or a group of calls that ran in parallel, recognised with Kairos'
+sweep line over the calls' spans (seed 004, §4.2), split by parent request ids and upstream agents
+where the application sends them.  ``build_trace(workflow_id, calls)`` returns the
+``WorkflowTrace`` of calls given in any order; ``IncrementalTrace`` keeps the same trace as calls
+arrive and reports the first step a new call may have changed.  ``Step`` raises ``ValueError``
+without agents.  The reconstruction and its choices: docs/profiler.md, "Traces and steps".
 """
 
 from __future__ import annotations

@@ -63,7 +63,8 @@ class WorkloadStats:
     def converged(self) -> bool:
         """Whether the service-time distribution of every agent that makes at least
         ``CONVERGENCE_MIN_SHARE`` of the calls has converged (``stats.ConvergenceTracker``).
-        Workflow length and duration are tracked but do not gate (docs/profiler.md, "Convergence")."""
+        Workflow length and duration are tracked but do not gate (docs/profiler.md, "Per-agent
+        statistics and convergence")."""
         total = sum(s.calls for s in self.agents.values())
         if total == 0:
             return False
