@@ -22,7 +22,7 @@ from clairvoyant.contracts.v1 import (
 )
 from clairvoyant.core.blockhash import sequence_hashes
 from clairvoyant.core.errors import ClairvoyantError, ContextLengthExceeded, Unavailable
-from clairvoyant.core.grpcutil import abort
+from clairvoyant.core.grpc_errors import abort
 
 MODEL = "tiny-test-model"
 TOKENS = ("Hello", ",", " world", "!")

@@ -7,7 +7,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clairvoyant.contracts.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from clairvoyant.core.errors import ERROR_TRAILER
+from clairvoyant.core.grpc_errors import ERROR_TRAILER
 from clairvoyant.gateway.cli import create_key
 from tests.gateway.conftest import Stack, StackFactory
 from tests.gateway.fakes import MODEL, FakeWorker

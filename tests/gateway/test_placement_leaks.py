@@ -28,7 +28,7 @@ import pytest
 from clairvoyant.contracts.v1 import common_pb2, profiler_pb2, worker_pb2
 from clairvoyant.core.bus import EventBus, worker_stats_subject
 from clairvoyant.core.errors import Unavailable
-from clairvoyant.core.grpcutil import abort
+from clairvoyant.core.grpc_errors import abort
 from clairvoyant.gateway.config import GatewaySettings
 from clairvoyant.gateway.server import GatewayServer
 from clairvoyant.scheduler.app import SchedulerApp

@@ -10,7 +10,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clairvoyant.contracts.v1 import common_pb2, profiler_pb2, profiler_pb2_grpc
-from clairvoyant.core.errors import ERROR_TRAILER
+from clairvoyant.core.grpc_errors import ERROR_TRAILER
 from clairvoyant.profiler.app import SERVICE_NAME, ProfilerApp
 from clairvoyant.profiler.config import ProfilerSettings
 from clairvoyant.profiler.persistence import ProfileRepository, ProfileSnapshot

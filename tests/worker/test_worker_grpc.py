@@ -16,7 +16,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from clairvoyant.contracts.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from clairvoyant.core.blockhash import BLOCK_TOKENS, sequence_hashes
-from clairvoyant.core.errors import ContextLengthExceeded, from_rpc_error
+from clairvoyant.core.errors import ContextLengthExceeded
+from clairvoyant.core.grpc_errors import from_rpc_error
 from clairvoyant.core.grpcutil import add_health, channel, mark_serving, new_server
 from clairvoyant.core.telemetry import setup_tracing
 from clairvoyant.worker.config import WorkerSettings

@@ -1,11 +1,13 @@
-"""AppMetadata: the three ids (and optional extras) applications tag each request with."""
+"""AppMetadata: the three ids (and optional extras) applications tag each request with.
+
+A plain value; ``clairvoyant.core.wire`` converts it to and from its protobuf message.
+"""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
 
-from clairvoyant.contracts.v1 import common_pb2
 from clairvoyant.core.errors import InvalidRequest
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
@@ -25,34 +27,6 @@ class AppMetadata:
     tool: str | None = None
     workflow_version: str | None = None
     workflow_end: bool | None = None
-
-    def to_proto(self) -> common_pb2.AppMetadata:
-        msg = common_pb2.AppMetadata(
-            workflow_type_id=self.workflow_type_id,
-            workflow_id=self.workflow_id,
-            agent_id=self.agent_id,
-            parent_request_ids=list(self.parent_request_ids),
-        )
-        for name in OPTIONAL_IDS:
-            value = getattr(self, name)
-            if value is not None:
-                setattr(msg, name, value)
-        if self.workflow_end is not None:
-            msg.workflow_end = self.workflow_end
-        return msg
-
-    @classmethod
-    def from_proto(cls, msg: common_pb2.AppMetadata) -> AppMetadata:
-        return cls(
-            workflow_type_id=msg.workflow_type_id,
-            workflow_id=msg.workflow_id,
-            agent_id=msg.agent_id,
-            upstream_agent_id=msg.upstream_agent_id if msg.HasField("upstream_agent_id") else None,
-            parent_request_ids=tuple(msg.parent_request_ids),
-            tool=msg.tool if msg.HasField("tool") else None,
-            workflow_version=msg.workflow_version if msg.HasField("workflow_version") else None,
-            workflow_end=msg.workflow_end if msg.HasField("workflow_end") else None,
-        )
 
 
 def _check_id(value: object, param: str) -> str:

@@ -1,4 +1,5 @@
-"""gRPC plumbing shared by the services: health, error mapping, trace-context propagation and TLS.
+"""gRPC plumbing shared by the services: health, channel and server options, and TLS (errors:
+``grpc_errors``).
 
 TLS: ``bind`` and ``channel`` take a ``GrpcTls``; without one they use the process's, which a
 service sets once at start (``configure_tls``) and which is plaintext until then.  So call sites
@@ -10,13 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from clairvoyant.core.config import ServiceSettings
-from clairvoyant.core.errors import ERROR_TRAILER, ClairvoyantError
 
 # Keep-alives so a dead peer is noticed in seconds, not at the next TCP timeout.
 CHANNEL_OPTIONS = [
@@ -40,13 +39,6 @@ async def mark_serving(servicer: health.aio.HealthServicer, service_names: Itera
     status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
     for name in ["", *service_names]:
         await servicer.set(name, status)
-
-
-async def abort(context: grpc.aio.ServicerContext, err: ClairvoyantError) -> NoReturn:
-    """End the call with ``err``'s status code and its ErrorDetail in the ``cv-error-bin`` trailer."""
-    context.set_trailing_metadata(((ERROR_TRAILER, err.to_detail().SerializeToString()),))
-    await context.abort(err.grpc_code, err.message)
-    raise AssertionError("unreachable")  # context.abort raises
 
 
 # Servers must accept the clients' keep-alive pings, even on idle connections, or they answer

@@ -21,9 +21,11 @@ from clairvoyant.contracts.v1 import (
     worker_pb2,
     worker_pb2_grpc,
 )
-from clairvoyant.core.errors import ERROR_TRAILER, ClairvoyantError, QueueFull, Unavailable, from_rpc_error
+from clairvoyant.core.errors import ClairvoyantError, QueueFull, Unavailable
+from clairvoyant.core.grpc_errors import ERROR_TRAILER, from_rpc_error
 from clairvoyant.core.grpcutil import channel
 from clairvoyant.core.telemetry import grpc_metadata
+from clairvoyant.core.wire import app_metadata_to_proto
 from clairvoyant.gateway import metrics
 from clairvoyant.gateway.ratelimit import FullQueues, ServiceBusy
 from clairvoyant.gateway.request import GenerationRequest
@@ -214,7 +216,7 @@ class ProfilerAnnotator:
         msg = profiler_pb2.AnnotateRequest(
             request_id=request.request_id,
             tenant=request.tenant,
-            app_metadata=request.app_metadata.to_proto(),
+            app_metadata=app_metadata_to_proto(request.app_metadata),
             model=request.model,
             prompt_tokens=prompt_tokens,
         )

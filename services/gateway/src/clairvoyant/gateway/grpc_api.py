@@ -18,7 +18,8 @@ from grpc_health.v1 import health
 
 from clairvoyant.contracts.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from clairvoyant.core.errors import ClairvoyantError
-from clairvoyant.core.grpcutil import SERVER_OPTIONS, abort, add_health
+from clairvoyant.core.grpc_errors import abort, status_code
+from clairvoyant.core.grpcutil import SERVER_OPTIONS, add_health
 from clairvoyant.core.telemetry import extract_context
 from clairvoyant.gateway.metrics import REQUESTS
 from clairvoyant.gateway.openai_api import ChatCompletionBody, to_request, validate_body
@@ -79,7 +80,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             req = await self._admit(request, context, stream=False)
             result = await self.deps.pipeline.complete(req, extract_context(context.invocation_metadata()))
         except ClairvoyantError as err:
-            REQUESTS.labels("grpc", err.grpc_code.name).inc()
+            REQUESTS.labels("grpc", status_code(err).name).inc()
             await abort(context, err)
         except asyncio.CancelledError:
             REQUESTS.labels("grpc", "CANCELLED").inc()
@@ -104,7 +105,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             req = await self._admit(request, context, stream=True)
             generation = await self.deps.pipeline.start(req, extract_context(context.invocation_metadata()))
         except ClairvoyantError as err:
-            REQUESTS.labels("grpc", err.grpc_code.name).inc()
+            REQUESTS.labels("grpc", status_code(err).name).inc()
             await abort(context, err)
         status = "CANCELLED"  # unless the loop below gets to the end or fails
         chunk_id = f"chatcmpl-{req.request_id}"
@@ -128,7 +129,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             await context.write(last)
             status = "OK"
         except ClairvoyantError as err:
-            status = err.grpc_code.name
+            status = status_code(err).name
             await abort(context, err)
         finally:
             REQUESTS.labels("grpc", status).inc()

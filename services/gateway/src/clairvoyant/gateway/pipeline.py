@@ -32,6 +32,7 @@ from clairvoyant.core.errors import (
     Unavailable,
 )
 from clairvoyant.core.telemetry import tracer
+from clairvoyant.core.wire import app_metadata_to_proto
 from clairvoyant.gateway import metrics
 from clairvoyant.gateway.clients import Annotator, NoAnnotator, SchedulerClient, WorkerPool
 from clairvoyant.gateway.generation import Generation
@@ -256,7 +257,7 @@ def encode_messages(
         else:
             generate.prompt = request.prompt or ""
         if request.app_metadata is not None:
-            schedule.app_metadata.CopyFrom(request.app_metadata.to_proto())
+            schedule.app_metadata.CopyFrom(app_metadata_to_proto(request.app_metadata))
             generate.app_metadata.CopyFrom(schedule.app_metadata)
         if annotations is not None:
             schedule.annotations.CopyFrom(annotations)

@@ -33,7 +33,6 @@ class RateLimited(ClairvoyantError):
 
     http_status = 429
     error_type = "requests"
-    grpc_code = QueueFull.grpc_code
     default_code = "rate_limit_exceeded"
 
     def __init__(

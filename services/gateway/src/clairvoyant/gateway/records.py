@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from clairvoyant.contracts.v1 import common_pb2
+from clairvoyant.core.wire import app_metadata_to_proto
 from clairvoyant.gateway.request import GenerationRequest, TokenUsage
 
 STATUS_OK = common_pb2.REQUEST_STATUS_OK
@@ -53,5 +54,5 @@ def build_record(request: GenerationRequest, outcome: Outcome) -> common_pb2.Com
         response_block_hashes=outcome.response_block_hashes,
     )
     if request.app_metadata is not None:
-        record.app_metadata.CopyFrom(request.app_metadata.to_proto())
+        record.app_metadata.CopyFrom(app_metadata_to_proto(request.app_metadata))
     return record

@@ -14,7 +14,7 @@ import grpc
 
 from clairvoyant.contracts.v1 import common_pb2, profiler_pb2, profiler_pb2_grpc
 from clairvoyant.core.errors import ClairvoyantError, InvalidRequest
-from clairvoyant.core.grpcutil import abort
+from clairvoyant.core.grpc_errors import abort
 from clairvoyant.profiler import convert
 from clairvoyant.profiler import metrics as m
 from clairvoyant.profiler.core import Annotation, ProfileStore
@@ -25,7 +25,6 @@ logger = logging.getLogger(__name__)
 class ProfileNotFound(ClairvoyantError):
     http_status = 404
     error_type = "not_found_error"
-    grpc_code = grpc.StatusCode.NOT_FOUND
     default_code = "profile_not_found"
 
 

@@ -11,7 +11,7 @@ import grpc
 
 from clairvoyant.contracts.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from clairvoyant.core.errors import ClairvoyantError, InvalidRequest
-from clairvoyant.core.grpcutil import abort
+from clairvoyant.core.grpc_errors import abort
 from clairvoyant.core.telemetry import extract_context, tracer
 from clairvoyant.worker.block_hashes import SequenceHasher
 from clairvoyant.worker.core.kv_transfer import KvTransferError
