@@ -18,17 +18,8 @@ agent X in workflow W".
 The cache holds one reference on each node's block; the block manager owns the reference counts.
 ``evict`` reads them (a block whose count is 1 is held by the cache alone), and ``release`` drops a
 finishing sequence's references in the same pass that touches its path.  Only leaves are evicted
-(LRU on a logical clock), which keeps every cached path reachable from the root.
-
-Eviction order comes from a lazy min-heap of ``(last_access, block_id)`` entries, each packed into
-one int (``last_access << 32 | block_id``: no tuple per entry to allocate and collect): one is pushed
-whenever a leaf's access time changes, a node becomes a leaf, or the block manager reports it
-unreferenced (``note_unreferenced``, ``release``); ``evict`` discards entries that no longer
-describe an evictable leaf.  An interior node's access pushes nothing: it can only become a leaf in
-``evict``, which pushes it with its access time then.  A decode run's filled blocks
-(``insert_held``) are held by their sequence, so not evictable: they get an entry only when it lets
-go (``release``).  Each evictable leaf therefore always has a current entry, and ``evict`` pops
-the same blocks a full scan would, in O(evicted log n) instead of O(cache size) per call.
+(LRU on a logical clock), which keeps every cached path reachable from the root; ``evict`` returns
+the blocks a full LRU scan would, without scanning (how: docs/architecture.md, "The worker engine").
 """
 
 from __future__ import annotations
