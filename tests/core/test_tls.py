@@ -32,8 +32,8 @@ from clairvoyant.core.grpcutil import (
     process_tls,
     sync_channel,
 )
+from clairvoyant.gateway.app import GatewayApp
 from clairvoyant.gateway.config import GatewaySettings
-from clairvoyant.gateway.server import GatewayServer
 from clairvoyant.scheduler.app import SchedulerApp
 from clairvoyant.scheduler.config import SchedulerSettings
 from clairvoyant.stack.natsserver import free_port
@@ -252,7 +252,7 @@ async def test_gateway_serves_and_dials_over_mutual_tls(ca: TestCA, tmp_path: Pa
         database_url=f"sqlite:///{tmp_path / 'gateway.db'}", model_cache_s=0.0, shutdown_grace_s=1.0,
     )
     bus = EventBus(f"nats://127.0.0.1:{free_port()}", "gateway-test", connect_timeout_s=0.5)  # records wait
-    gateway = GatewayServer(settings, bus)
+    gateway = GatewayApp(settings, bus)
     await gateway.start()
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gateway.http_port}", timeout=10) as http:

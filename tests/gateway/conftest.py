@@ -16,8 +16,8 @@ from openai import AsyncOpenAI
 
 from clairvoyant.contracts.v1 import common_pb2
 from clairvoyant.core.bus import COMPLETIONS_STREAM, COMPLETIONS_SUBJECT, EventBus
+from clairvoyant.gateway.app import GatewayApp
 from clairvoyant.gateway.config import GatewaySettings
-from clairvoyant.gateway.server import GatewayServer
 from clairvoyant.stack.natsserver import free_port as pick_free_port
 from tests.gateway.fakes import FakeProfiler, FakeScheduler, FakeWorker, WorkerEntry, start_server
 
@@ -53,7 +53,7 @@ class RecordReader:
 class Stack:
     """A gateway served on free ports, its fakes and a reader of what it published."""
 
-    server: GatewayServer
+    server: GatewayApp
     scheduler: FakeScheduler
     workers: list[FakeWorker]
     records: RecordReader
@@ -128,7 +128,7 @@ async def make_stack(nats_server: str, tmp_path: Path) -> AsyncIterator[StackFac
             "shutdown_grace_s": 1.0,
             **settings,
         }
-        server = GatewayServer(GatewaySettings(**config), bus)
+        server = GatewayApp(GatewaySettings(**config), bus)
         await server.start()
         cleanups.append(server.stop)
         stack = Stack(server, scheduler, workers, RecordReader(sub))

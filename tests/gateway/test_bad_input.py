@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from clairvoyant.core.errors import NoWorkers, QueueFull
-from clairvoyant.gateway.openai_api import DEFAULT_LIMITS
+from clairvoyant.core.openai_schema import DEFAULT_LIMITS
 from tests.gateway.conftest import Stack, StackFactory
 from tests.gateway.fakes import MODEL, FakeWorker
 

@@ -8,9 +8,9 @@ import pytest
 from pydantic import ValidationError
 
 from clairvoyant.core.errors import InvalidRequest
+from clairvoyant.core.json_input import check_strings, decode_json, nesting_depth
+from clairvoyant.core.openai_schema import DEFAULT_LIMITS, InputLimits
 from clairvoyant.gateway.config import GatewaySettings
-from clairvoyant.gateway.json_input import check_strings, decode_json, nesting_depth
-from clairvoyant.gateway.openai_api import DEFAULT_LIMITS, InputLimits
 
 pytestmark = pytest.mark.unit
 

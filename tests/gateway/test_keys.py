@@ -136,7 +136,7 @@ async def test_http_requires_keys_once_one_exists(make_stack: StackFactory, tmp_
     assert (await stack.records.next()).tenant == "acme"
 
     store.revoke(info.prefix)
-    await stack.server.gateway.auth.refresh()  # what the periodic reload does within key_refresh_s
+    await stack.server.frontend.auth.refresh()  # what the periodic reload does within key_refresh_s
     with pytest.raises(openai.AuthenticationError):
         await stack.openai(api_key=key).chat.completions.create(**body)
     store.close()

@@ -55,7 +55,7 @@ async def test_trace_context_reaches_scheduler_and_worker(
             headers={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"},
         )
     assert r.status_code == 200
-    await stack.server.gateway.pipeline.aclose()  # the release and the record finish after the reply
+    await stack.server.frontend.pipeline.aclose()  # the release and the record finish after the reply
     assert stack.scheduler.schedule_metadata[0]["traceparent"].split("-")[1] == trace_id
     assert stack.worker.metadata[0]["traceparent"].split("-")[1] == trace_id
     ours = {s.name: s for s in spans.get_finished_spans() if format(s.context.trace_id, "032x") == trace_id}
@@ -69,12 +69,12 @@ async def test_trace_context_reaches_scheduler_and_worker(
 async def test_dead_nats_degrades_to_the_outbox(make_stack: StackFactory, tmp_path: Path) -> None:
     port = free_port()
     stack = await make_stack(bus_url=f"nats://127.0.0.1:{port}")
-    bus = stack.server.gateway.pipeline.records
+    bus = stack.server.frontend.pipeline.records
     depth = REGISTRY.get_sample_value("cv_bus_outbox_depth") or 0.0
     client = stack.openai()
     first = await client.chat.completions.create(model=MODEL, messages=CHAT)
     assert first.choices[0].message.content == "Hello, world!"
-    await stack.server.gateway.pipeline.aclose()  # the record is published just after the reply
+    await stack.server.frontend.pipeline.aclose()  # the record is published just after the reply
     assert REGISTRY.get_sample_value("cv_bus_outbox_depth") == depth + 1
 
     server = NatsServer(tmp_path / "late-nats", port=port).start()  # NATS comes back

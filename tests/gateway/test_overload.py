@@ -63,7 +63,7 @@ def test_full_queue_hold_is_bounded_by_the_retry_hint() -> None:
 async def test_a_full_queue_is_429_with_retry_after_and_held_briefly(make_stack: StackFactory) -> None:
     stack = await make_stack()
     clock = Clock()
-    stack.server.gateway.scheduler.full_queues = FullQueues(hold_s=0.25, now=clock)
+    stack.server.frontend.scheduler.full_queues = FullQueues(hold_s=0.25, now=clock)
     stack.scheduler.reject = QueueFull(
         f"the queue for model {MODEL!r} is full (1024 requests)", retry_after_s=2.0
     )
@@ -96,7 +96,7 @@ async def test_a_call_the_scheduler_shed_is_429_not_503(make_stack: StackFactory
     server, address = await start_server(shedding)
     try:
         stack = await make_stack(scheduler_address=address)
-        stack.server.gateway.scheduler.full_queues = FullQueues(hold_s=0.25, now=Clock())
+        stack.server.frontend.scheduler.full_queues = FullQueues(hold_s=0.25, now=Clock())
         with pytest.raises(openai.RateLimitError) as refused:
             await stack.openai().chat.completions.create(**BODY)
         assert refused.value.code == "overloaded"

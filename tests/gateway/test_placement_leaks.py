@@ -29,8 +29,8 @@ from clairvoyant.contracts.v1 import common_pb2, profiler_pb2, worker_pb2
 from clairvoyant.core.bus import EventBus, worker_stats_subject
 from clairvoyant.core.errors import Unavailable
 from clairvoyant.core.grpc_errors import abort
+from clairvoyant.gateway.app import GatewayApp
 from clairvoyant.gateway.config import GatewaySettings
-from clairvoyant.gateway.server import GatewayServer
 from clairvoyant.scheduler.app import SchedulerApp
 from clairvoyant.scheduler.config import SchedulerSettings
 from tests.gateway.fakes import MODEL, FakeProfiler, FakeWorker, start_server
@@ -84,7 +84,7 @@ class FaultyProfiler(FakeProfiler):
 @dataclass
 class Cluster:
     scheduler: SchedulerApp
-    gateway: GatewayServer
+    gateway: GatewayApp
 
     @property
     def url(self) -> str:
@@ -109,9 +109,9 @@ async def heartbeats(nats_url: str, workers: dict[str, str]) -> None:
         await nc.close()
 
 
-def inject_gateway_faults(gateway: GatewayServer) -> None:
+def inject_gateway_faults(gateway: GatewayApp) -> None:
     """Fail the gateway itself at two points of its own code, for the requests that ask for it."""
-    pipeline = gateway.gateway.pipeline
+    pipeline = gateway.frontend.pipeline
     schedule, attempt = pipeline.scheduler.schedule, pipeline._attempt
 
     async def schedule_then_fail(msg: Any) -> Any:
@@ -144,7 +144,7 @@ async def cluster(nats_url: str, tmp_path: Path) -> AsyncIterator[Cluster]:
     bus = EventBus(nats_url, "gateway-leak-test", connect_timeout_s=1.0)
     await bus.connect()
     await bus.ensure_stream()
-    gateway = GatewayServer(
+    gateway = GatewayApp(
         GatewaySettings(
             host="127.0.0.1", gateway_port=0, gateway_grpc_port=0, scheduler_address=scheduler.address,
             profiler_address=profiler_address, profiler_timeout_s=1.0, nats_url=nats_url,
@@ -217,7 +217,7 @@ async def test_random_failure_points_leave_no_placement(nats_server: str, tmp_pa
             await eventually_zero(c)
             c.scheduler.core.check_integrity()
             assert c.scheduler.core.leases is not None and len(c.scheduler.core.leases) == 0
-            assert len(c.gateway.gateway.pipeline.held) == 0
+            assert len(c.gateway.frontend.pipeline.held) == 0
         # The failures were real failures, and the requests that should succeed did.
         assert outcomes["none"] <= {200} and outcomes["annotate"] <= {200}
         assert outcomes["bad-input"] <= {400}

@@ -86,7 +86,7 @@ def increase(before: dict[str, float]) -> dict[str, float]:
 
 
 def annotator_of(stack: Stack) -> ProfilerAnnotator:
-    annotator = stack.server.gateway.annotator
+    annotator = stack.server.frontend.annotator
     assert isinstance(annotator, ProfilerAnnotator)
     return annotator
 

@@ -257,7 +257,7 @@ async def test_a_key_over_its_request_limit_gets_openai_429s(
     other, _ = store.create(tenant)  # the gateway's default applies: unlimited here
     store.close()
     stack = await make_stack(database_url=url, rate_limit_rpm=0)
-    stack.server.gateway.auth.limiter = RateLimiter(Clock())  # time stands still: exact budgets
+    stack.server.frontend.auth.limiter = RateLimiter(Clock())  # time stands still: exact budgets
     client = stack.openai(api_key=key)
     for expected_remaining in ("1", "0"):
         raw = await client.chat.completions.with_raw_response.create(model=MODEL, messages=CHAT)
@@ -285,7 +285,7 @@ async def test_a_key_over_its_request_limit_gets_openai_429s(
 @pytest.mark.integration
 async def test_default_token_limit_counts_prompt_estimate_and_max_tokens(make_stack: StackFactory) -> None:
     stack = await make_stack(rate_limit_tpm=100)  # an open gateway: everyone is tenant default
-    stack.server.gateway.auth.limiter = RateLimiter(Clock())
+    stack.server.frontend.auth.limiter = RateLimiter(Clock())
     client = stack.openai()
     raw = await client.chat.completions.with_raw_response.create(model=MODEL, messages=CHAT, max_tokens=60)
     assert raw.headers["x-ratelimit-limit-tokens"] == "100"
@@ -309,14 +309,14 @@ async def test_changed_limits_apply_after_the_key_cache_reloads(
     store = KeyStore(url)
     key, info = store.create("acme", rpm=1)
     stack = await make_stack(database_url=url)
-    stack.server.gateway.auth.limiter = RateLimiter(Clock())
+    stack.server.frontend.auth.limiter = RateLimiter(Clock())
     client = stack.openai(api_key=key)
     await client.chat.completions.create(model=MODEL, messages=CHAT)
     with pytest.raises(openai.RateLimitError):
         await client.chat.completions.create(model=MODEL, messages=CHAT)
     store.set_limits(info.prefix, {"rpm": 0})
     store.close()
-    await stack.server.gateway.auth.refresh()  # what the periodic reload does within key_refresh_s
+    await stack.server.frontend.auth.refresh()  # what the periodic reload does within key_refresh_s
     for _ in range(3):
         await client.chat.completions.create(model=MODEL, messages=CHAT)
     assert len(stack.scheduler.schedule_calls) == 4

@@ -10,18 +10,14 @@ import pytest
 from clairvoyant.contracts.v1 import common_pb2, scheduler_pb2
 from clairvoyant.core.app_metadata import AppMetadata
 from clairvoyant.core.errors import InvalidRequest, ModelNotFound, NoWorkers, QueueFull
+from clairvoyant.core.json_input import format_param
+from clairvoyant.core.openai_schema import ChatCompletionBody, CompletionBody, validate_body
 from clairvoyant.gateway.clients import skip_reason
 from clairvoyant.gateway.config import GatewaySettings
-from clairvoyant.gateway.http_app import error_response
+from clairvoyant.gateway.http_api import error_response
 from clairvoyant.gateway.metrics import UNANNOTATED_REASONS
 from clairvoyant.gateway.models import ModelCatalog
-from clairvoyant.gateway.openai_api import (
-    ChatCompletionBody,
-    CompletionBody,
-    format_param,
-    to_request,
-    validate_body,
-)
+from clairvoyant.gateway.openai_api import to_request
 from clairvoyant.gateway.records import STATUS_OK, Outcome, build_record
 from clairvoyant.gateway.request import Sampling, TokenUsage
 

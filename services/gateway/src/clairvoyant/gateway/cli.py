@@ -139,7 +139,7 @@ def serve() -> None:
         KeyStore(settings.database_url).close()
     except DatabaseError as err:
         sys.exit(f"error: {err}")
-    from clairvoyant.gateway.server import run  # uvicorn and grpc only when serving
+    from clairvoyant.gateway.app import run  # uvicorn and grpc only when serving
 
     run(settings)
 

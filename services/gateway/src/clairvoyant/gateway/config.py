@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 from sqlalchemy.engine import make_url
 
 from clairvoyant.core.config import ServiceSettings
-from clairvoyant.gateway.openai_api import DEFAULT_LIMITS, InputLimits
+from clairvoyant.core.openai_schema import DEFAULT_LIMITS, InputLimits
 
 
 class GatewaySettings(ServiceSettings):

@@ -20,11 +20,12 @@ from clairvoyant.contracts.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from clairvoyant.core.errors import ClairvoyantError
 from clairvoyant.core.grpc_errors import abort, status_code
 from clairvoyant.core.grpcutil import SERVER_OPTIONS, add_health
+from clairvoyant.core.openai_schema import ChatCompletionBody, validate_body
 from clairvoyant.core.telemetry import extract_context
+from clairvoyant.gateway.frontend import GatewayFrontend
 from clairvoyant.gateway.metrics import REQUESTS
-from clairvoyant.gateway.openai_api import ChatCompletionBody, to_request, validate_body
+from clairvoyant.gateway.openai_api import to_request
 from clairvoyant.gateway.request import GenerationRequest
-from clairvoyant.gateway.runtime import Gateway
 
 SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
 
@@ -53,24 +54,24 @@ def body_of(request: gateway_pb2.ChatCompletionRequest, stream: bool) -> dict[st
 
 
 class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
-    def __init__(self, deps: Gateway) -> None:
-        self.deps = deps
+    def __init__(self, frontend: GatewayFrontend) -> None:
+        self.frontend = frontend
 
     async def _admit(
         self, request: gateway_pb2.ChatCompletionRequest, context: grpc.aio.ServicerContext, stream: bool
     ) -> GenerationRequest:
-        arrival = self.deps.pipeline.now()
+        arrival = self.frontend.pipeline.now()
         metadata = dict(context.invocation_metadata() or ())
         authorization = metadata.get("authorization")
-        tenant = await self.deps.auth.authenticate(authorization if isinstance(authorization, str) else None)
-        body = validate_body(body_of(request, stream), ChatCompletionBody, self.deps.settings.input_limits())
+        tenant = await self.frontend.auth.authenticate(authorization if isinstance(authorization, str) else None)
+        body = validate_body(body_of(request, stream), ChatCompletionBody, self.frontend.settings.input_limits())
         return to_request(
             body,
             tenant=tenant,
             endpoint="grpc",
             request_id=uuid.uuid4().hex,
             arrival_time=arrival,
-            max_tokens_limit=self.deps.settings.max_tokens_limit,
+            max_tokens_limit=self.frontend.settings.max_tokens_limit,
         )
 
     async def ChatCompletion(  # noqa: N802 - gRPC method name
@@ -78,7 +79,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     ) -> gateway_pb2.ChatCompletionResponse:
         try:
             req = await self._admit(request, context, stream=False)
-            result = await self.deps.pipeline.complete(req, extract_context(context.invocation_metadata()))
+            result = await self.frontend.pipeline.complete(req, extract_context(context.invocation_metadata()))
         except ClairvoyantError as err:
             REQUESTS.labels("grpc", status_code(err).name).inc()
             await abort(context, err)
@@ -103,7 +104,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     ) -> None:
         try:
             req = await self._admit(request, context, stream=True)
-            generation = await self.deps.pipeline.start(req, extract_context(context.invocation_metadata()))
+            generation = await self.frontend.pipeline.start(req, extract_context(context.invocation_metadata()))
         except ClairvoyantError as err:
             REQUESTS.labels("grpc", status_code(err).name).inc()
             await abort(context, err)
@@ -136,12 +137,12 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             await generation.close()
 
 
-def create_grpc_server(deps: Gateway) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
+def create_grpc_server(frontend: GatewayFrontend) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
     """The gRPC server with the Gateway and grpc.health.v1 services (not started, no port yet)."""
     # A request larger than max_request_bytes is refused by gRPC itself (RESOURCE_EXHAUSTED).
     options = [o for o in SERVER_OPTIONS if o[0] != "grpc.max_receive_message_length"]
-    options.append(("grpc.max_receive_message_length", deps.settings.max_request_bytes))
+    options.append(("grpc.max_receive_message_length", frontend.settings.max_request_bytes))
     server = grpc.aio.server(options=options)
-    gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayServicer(deps), server)
+    gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayServicer(frontend), server)
     health_servicer = add_health(server, [SERVICE_NAME])
     return server, health_servicer

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, WithJsonSchema
+from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from clairvoyant.core.app_metadata import ID_PATTERN, OPTIONAL_IDS, REQUIRED
-from clairvoyant.gateway.responses import ErrorOut
+from clairvoyant.core.openai_schema import ErrorOut
 
 SCHEMA_REF = "#/components/schemas/{model}"
 ERRORS = {
@@ -22,53 +21,6 @@ ERRORS = {
     503: "No worker serves the model, or a dependency is unavailable",
 }
 Responses = dict[int | str, dict[str, Any]]
-
-# The JSON schemas of body fields validated by hand (for a clean error location).
-_TEXT_PART = {
-    "type": "object",
-    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
-    "required": ["type", "text"],
-}
-CONTENT_SCHEMA = WithJsonSchema(
-    {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}, {"type": "null"}]}
-)
-STOP_SCHEMA = WithJsonSchema(
-    {
-        "anyOf": [
-            {"type": "string", "minLength": 1},
-            {"type": "array", "items": {"type": "string", "minLength": 1}},
-            {"type": "null"},
-        ],
-        "description": "up to CV_MAX_STOP_SEQUENCES (default 4) stop sequences",
-    }
-)
-PROMPT_SCHEMA = WithJsonSchema(
-    {
-        "anyOf": [
-            {"type": "string", "minLength": 1},
-            {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1},
-        ]
-    }
-)
-_ID = {"type": "string", "pattern": ID_PATTERN.pattern}
-APP_METADATA_SCHEMA = WithJsonSchema(
-    {
-        "anyOf": [
-            {
-                "type": "object",
-                "properties": {
-                    **{name: _ID for name in (*REQUIRED, *OPTIONAL_IDS)},
-                    "parent_request_ids": {"type": "array", "items": _ID},
-                    "workflow_end": {"type": "boolean"},
-                },
-                "required": list(REQUIRED),
-                "additionalProperties": False,
-            },
-            {"type": "null"},
-        ]
-    }
-)
-
 
 def error_responses(*statuses: int) -> Responses:
     """``responses=`` for a route that may answer these statuses with an OpenAI error object."""

@@ -1,7 +1,7 @@
 """Admission at the gateway: per-key rate limits, and refusals while a model's queue is full.
 
 Both answer 429 (busy: retry later), never 503 (a dependency is down).  Neither knows about HTTP;
-the edge turns ``RateLimited.headers`` into response headers.
+the edge turns ``RateLimited.headers`` into response headers.  ``GatewayFrontend.admit`` applies both.
 """
 
 from __future__ import annotations
@@ -10,14 +10,10 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from clairvoyant.core.errors import ClairvoyantError, QueueFull
 from clairvoyant.gateway import metrics
-from clairvoyant.gateway.request import GenerationRequest
-
-if TYPE_CHECKING:
-    from clairvoyant.gateway.runtime import Gateway
 
 
 class Limits(NamedTuple):
@@ -199,18 +195,3 @@ class FullQueues:
         metrics.BUSY_REFUSALS.labels("queue_full_held").inc()
         return QueueFull(refusal.message, code=refusal.code, retry_after_s=refusal.retry_after_s)
 
-
-def admit(gateway: Gateway, authorization: str | None, request: GenerationRequest) -> dict[str, str]:
-    """Refuse at once what cannot run now, before the pipeline spends anything on it: a request
-    for a model whose queue the scheduler has just reported full (QueueFull), or one over its
-    key's rate limits (RateLimited, charging nothing).  Returns the key's ``x-ratelimit-*`` headers.
-
-    A request is charged its prompt estimate plus its max_tokens (or the default max_tokens).
-    """
-    held = gateway.scheduler.full_queues.refusal(request.model)
-    if held is not None:
-        raise held
-    settings = gateway.settings
-    tokens = request.estimated_prompt_tokens() + (request.sampling.max_tokens or settings.default_max_tokens)
-    defaults = Limits(settings.rate_limit_rpm, settings.rate_limit_tpm)
-    return gateway.auth.admit(authorization, tokens, defaults)

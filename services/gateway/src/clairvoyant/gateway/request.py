@@ -11,16 +11,10 @@ from typing import Literal
 
 from clairvoyant.contracts.v1 import common_pb2
 from clairvoyant.core.app_metadata import AppMetadata
+from clairvoyant.core.openai_schema import ChatTurn
 
 # The value of CompletionRecord.endpoint, and the label on the gateway's metrics.
 Endpoint = Literal["chat.completions", "completions", "grpc"]
-
-
-@dataclass(frozen=True)
-class ChatTurn:
-    role: str  # system | user | assistant | tool
-    content: str
-    name: str | None = None
 
 
 @dataclass(frozen=True)

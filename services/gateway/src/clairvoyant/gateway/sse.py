@@ -16,18 +16,17 @@ from typing import Any
 from pydantic import BaseModel
 
 from clairvoyant.core.errors import ClairvoyantError
-from clairvoyant.gateway.generation import Generation
-from clairvoyant.gateway.responses import (
+from clairvoyant.core.openai_schema import (
     ChatChunkChoice,
     ChatChunkOut,
     ChatDelta,
     TextChoice,
     TextCompletionOut,
-    UsageOut,
-    annotations_dict,
     chat_id,
     completion_id,
 )
+from clairvoyant.gateway.generation import Generation
+from clairvoyant.gateway.responses import annotations_dict, usage_out
 
 DONE = b"data: [DONE]\n\n"
 
@@ -67,7 +66,7 @@ async def chat_events(generation: Generation, include_usage: bool) -> AsyncItera
                     created=generation.created,
                     model=request.model,
                     choices=[],
-                    usage=UsageOut.of(generation.usage),
+                    usage=usage_out(generation.usage),
                 )
             )
         yield DONE
@@ -105,7 +104,7 @@ async def text_events(generation: Generation, include_usage: bool) -> AsyncItera
                     created=generation.created,
                     model=request.model,
                     choices=[],
-                    usage=UsageOut.of(generation.usage),
+                    usage=usage_out(generation.usage),
                 )
             )
         yield DONE

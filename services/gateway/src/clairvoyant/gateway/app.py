@@ -1,6 +1,7 @@
-"""Serving: uvicorn (HTTP) and the grpc.aio server (gRPC) in one asyncio loop, with the event bus.
+"""The gateway's wiring: the front (``frontend``) and both edges over it, uvicorn (``http_api``)
+and the grpc.aio server (``grpc_api``), in one asyncio loop with the event bus.
 
-``GatewayServer`` is what ``python -m clairvoyant.gateway serve`` runs and what the tests start
+``GatewayApp`` is what ``python -m clairvoyant.gateway serve`` runs and what the tests start
 in-process; ``serve`` adds logging, tracing, NATS and signal handling around it.
 """
 
@@ -23,10 +24,10 @@ from clairvoyant.core.grpcutil import bind, mark_serving
 from clairvoyant.core.logs import setup_logging
 from clairvoyant.core.telemetry import setup_tracing
 from clairvoyant.gateway.config import GatewaySettings
+from clairvoyant.gateway.frontend import GatewayFrontend
 from clairvoyant.gateway.grpc_api import SERVICE_NAME, create_grpc_server
-from clairvoyant.gateway.http_app import create_app
+from clairvoyant.gateway.http_api import create_app
 from clairvoyant.gateway.pipeline import RecordSink
-from clairvoyant.gateway.runtime import Gateway
 
 logger = logging.getLogger(__name__)
 
@@ -39,16 +40,16 @@ class _Uvicorn(uvicorn.Server):
         yield
 
 
-class GatewayServer:
-    """Both edges over one ``Gateway``.  Port 0 picks a free port; ``http_port``/``grpc_port``
+class GatewayApp:
+    """Both edges over one ``GatewayFrontend``.  Port 0 picks a free port; ``http_port``/``grpc_port``
     say which after ``start``."""
 
     def __init__(self, settings: GatewaySettings, records: RecordSink) -> None:
         self.settings = settings
         self._tls = security.configure(settings)  # first: the clients open their channels below
-        self.gateway = Gateway(settings, records)
+        self.frontend = GatewayFrontend(settings, records)
         config = uvicorn.Config(
-            create_app(settings, self.gateway),
+            create_app(settings, self.frontend),
             host=settings.host,
             port=settings.gateway_port,
             log_config=None,  # keep the JSON logging set up by the service
@@ -58,12 +59,12 @@ class GatewayServer:
         )
         self._http = _Uvicorn(config)
         self._http_task: asyncio.Task[None] | None = None
-        self._grpc, self._health = create_grpc_server(self.gateway)
+        self._grpc, self._health = create_grpc_server(self.frontend)
         self.http_port = settings.gateway_port
         self.grpc_port = settings.gateway_grpc_port
 
     async def start(self) -> None:
-        await self.gateway.start()
+        await self.frontend.start()
         self.grpc_port = bind(self._grpc, f"{self.settings.host}:{self.settings.gateway_grpc_port}", self._tls)
         await self._grpc.start()
         self._http_task = asyncio.create_task(self._http.serve())
@@ -94,7 +95,7 @@ class GatewayServer:
         await mark_serving(self._health, [SERVICE_NAME], serving=False)
         self.request_stop()
         await asyncio.gather(self.wait(), self._grpc.stop(self.settings.shutdown_grace_s))
-        await self.gateway.aclose()
+        await self.frontend.aclose()
 
 
 async def serve(settings: GatewaySettings) -> None:
@@ -105,7 +106,7 @@ async def serve(settings: GatewaySettings) -> None:
         connect_timeout_s=settings.nats_connect_timeout_s,
         streams={COMPLETIONS_STREAM: (COMPLETIONS_SUBJECT,)},  # (re)created on every (re)connect
     )
-    server = GatewayServer(settings, bus)  # first: a database it cannot open stops it before NATS
+    server = GatewayApp(settings, bus)  # first: a database it cannot open stops it before NATS
     await bus.connect()  # a dead NATS degrades: records wait in the bus outbox
     loop = asyncio.get_running_loop()
     signals = 0

@@ -1,4 +1,5 @@
-"""The parts of a running gateway that the HTTP and gRPC edges share, built from the settings."""
+"""The gateway's front: the parts both edges (``http_api``, ``grpc_api``) call, built from the
+settings, with no transport type in them."""
 
 from __future__ import annotations
 
@@ -15,11 +16,13 @@ from clairvoyant.gateway.config import GatewaySettings
 from clairvoyant.gateway.keys import KeyStore
 from clairvoyant.gateway.models import ModelCatalog
 from clairvoyant.gateway.pipeline import Pipeline, RecordSink
+from clairvoyant.gateway.ratelimit import Limits
+from clairvoyant.gateway.request import GenerationRequest
 
 logger = logging.getLogger(__name__)
 
 
-class Gateway:
+class GatewayFrontend:
     """Owns the clients, key store and pipeline.  ``start`` before serving, ``aclose`` after."""
 
     def __init__(
@@ -55,6 +58,21 @@ class Gateway:
         )
         if isinstance(self.annotator, ProfilerAnnotator):
             self.annotator.connect()
+
+    def admit(self, authorization: str | None, request: GenerationRequest) -> dict[str, str]:
+        """Refuse at once what cannot run now, before the pipeline spends anything on it: a request
+        for a model whose queue the scheduler has just reported full (QueueFull), or one over its
+        key's rate limits (RateLimited, charging nothing).  Returns the key's ``x-ratelimit-*`` headers.
+
+        A request is charged its prompt estimate plus its max_tokens (or the default max_tokens).
+        """
+        held = self.scheduler.full_queues.refusal(request.model)
+        if held is not None:
+            raise held
+        settings = self.settings
+        tokens = request.estimated_prompt_tokens() + (request.sampling.max_tokens or settings.default_max_tokens)
+        defaults = Limits(settings.rate_limit_rpm, settings.rate_limit_tpm)
+        return self.auth.admit(authorization, tokens, defaults)
 
     async def readiness(self) -> tuple[bool, str]:
         """(ready, why): ready once the scheduler answers and knows at least one worker."""

@@ -22,23 +22,25 @@ from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from clairvoyant.core.errors import ClairvoyantError, InvalidRequest, PayloadTooLarge
-from clairvoyant.core.telemetry import extract_context
-from clairvoyant.gateway.config import GatewaySettings
-from clairvoyant.gateway.json_input import decode_json, format_param
-from clairvoyant.gateway.metrics import RequestCounter
-from clairvoyant.gateway.openai_api import ChatCompletionBody, CompletionBody, to_request, validate_body
-from clairvoyant.gateway.openapi_doc import add_body_schemas, error_responses, generated, json_body
-from clairvoyant.gateway.ratelimit import RateLimited, admit
-from clairvoyant.gateway.request import Endpoint
-from clairvoyant.gateway.responses import (
+from clairvoyant.core.json_input import decode_json, format_param
+from clairvoyant.core.openai_schema import (
+    ChatCompletionBody,
     ChatCompletionOut,
+    CompletionBody,
     ModelCard,
     ModelList,
     TextCompletionOut,
-    chat_completion,
-    text_completion,
+    validate_body,
 )
-from clairvoyant.gateway.runtime import Gateway
+from clairvoyant.core.telemetry import extract_context
+from clairvoyant.gateway.config import GatewaySettings
+from clairvoyant.gateway.frontend import GatewayFrontend
+from clairvoyant.gateway.metrics import RequestCounter
+from clairvoyant.gateway.openai_api import to_request
+from clairvoyant.gateway.openapi_doc import add_body_schemas, error_responses, generated, json_body
+from clairvoyant.gateway.ratelimit import RateLimited
+from clairvoyant.gateway.request import Endpoint
+from clairvoyant.gateway.responses import chat_completion, text_completion
 from clairvoyant.gateway.sse import chat_events, text_events
 
 logger = logging.getLogger(__name__)
@@ -121,7 +123,7 @@ _NO_FRAMEWORK_TELEMETRY: dict[str, Any] = (
 )
 
 
-def create_app(settings: GatewaySettings, deps: Gateway) -> FastAPI:
+def create_app(settings: GatewaySettings, frontend: GatewayFrontend) -> FastAPI:
     app = GatewayAPI(
         title="Clairvoyant gateway",
         summary="OpenAI-compatible API for agent workflows",
@@ -153,8 +155,8 @@ def create_app(settings: GatewaySettings, deps: Gateway) -> FastAPI:
         return error_response(ClairvoyantError("internal error; see the gateway log"))
 
     async def generate(request: Request, endpoint: Endpoint) -> Response:
-        arrival = deps.pipeline.now()
-        tenant = await deps.auth.authenticate(request.headers.get("authorization"))
+        arrival = frontend.pipeline.now()
+        tenant = await frontend.auth.authenticate(request.headers.get("authorization"))
         raw = await read_json(request, settings.max_request_bytes, settings.max_json_depth)
         chat = endpoint == "chat.completions"
         body: ChatCompletionBody | CompletionBody = (
@@ -172,9 +174,9 @@ def create_app(settings: GatewaySettings, deps: Gateway) -> FastAPI:
         )
         parent = extract_context(request.headers.items())  # a client's W3C traceparent, if it sent one
         # Busy (a full queue, a rate limit) is refused here, before the pipeline spends anything.
-        headers = {"X-Request-Id": req.request_id, **admit(deps, request.headers.get("authorization"), req)}
+        headers = {"X-Request-Id": req.request_id, **frontend.admit(request.headers.get("authorization"), req)}
         if not req.stream:
-            result = await until_disconnected(request, deps.pipeline.complete(req, parent))
+            result = await until_disconnected(request, frontend.pipeline.complete(req, parent))
             if result is None:
                 return Response(status_code=CLIENT_CLOSED)
             shape = (
@@ -183,7 +185,7 @@ def create_app(settings: GatewaySettings, deps: Gateway) -> FastAPI:
                 else text_completion(result, req.echo_annotations)
             )
             return Response(shape.model_dump_json(), media_type="application/json", headers=headers)
-        generation = await deps.pipeline.start(req, parent)
+        generation = await frontend.pipeline.start(req, parent)
         events = (chat_events if chat else text_events)(generation, body.include_usage())
         # The background close also covers a client gone before the body iterator ever started.
         return StreamingResponse(
@@ -218,10 +220,10 @@ def create_app(settings: GatewaySettings, deps: Gateway) -> FastAPI:
 
     @app.get("/v1/models", responses={200: {"model": ModelList}, **error_responses(401, 500, 503)})
     async def list_models(request: Request) -> Response:
-        await deps.auth.authenticate(request.headers.get("authorization"))
-        models = await deps.models.models()
+        await frontend.auth.authenticate(request.headers.get("authorization"))
+        models = await frontend.models.models()
         cards = [
-            ModelCard(id=m.name, created=deps.started_at, max_model_len=m.max_model_len or None)
+            ModelCard(id=m.name, created=frontend.started_at, max_model_len=m.max_model_len or None)
             for m in models.values()
         ]
         return Response(ModelList(data=cards).model_dump_json(), media_type="application/json")
@@ -232,7 +234,7 @@ def create_app(settings: GatewaySettings, deps: Gateway) -> FastAPI:
 
     @app.get("/readyz")
     async def readyz() -> Response:
-        ready, reason = await deps.readiness()
+        ready, reason = await frontend.readiness()
         body = {"status": "ready" if ready else "unavailable", "reason": reason}
         return JSONResponse(body, status_code=200 if ready else 503)
 
