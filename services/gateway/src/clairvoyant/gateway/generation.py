@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, Protocol
 
 import grpc
 from opentelemetry import trace
@@ -18,10 +18,25 @@ from clairvoyant.gateway.clients import GenerateCall, rpc_error
 from clairvoyant.gateway.records import STATUS_CANCELLED, STATUS_ERROR, STATUS_OK, Outcome
 from clairvoyant.gateway.request import CompletionResult, GenerationRequest, TokenUsage
 
-if TYPE_CHECKING:
-    from clairvoyant.gateway.pipeline import Pipeline
-
 logger = logging.getLogger(__name__)
+
+
+class RequestLifecycle(Protocol):
+    """What a ``Generation`` needs of the pipeline that started it (``Pipeline`` is one)."""
+
+    now: Callable[[], float]  # wall clock, seconds since the epoch
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run ``coro`` beyond the caller's cancellation."""
+        ...
+
+    async def release(self, request_id: str, worker_id: str, status: common_pb2.RequestStatus) -> None:
+        """Give the placement back; never raises."""
+        ...
+
+    async def publish(self, request: GenerationRequest, outcome: Outcome) -> None:
+        """Publish the request's CompletionRecord."""
+        ...
 
 
 class Generation:
@@ -37,7 +52,7 @@ class Generation:
 
     def __init__(
         self,
-        pipeline: Pipeline,
+        pipeline: RequestLifecycle,
         request: GenerationRequest,
         placement: scheduler_pb2.Placement,
         call: GenerateCall,
