@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-PACKAGES := libs/contracts libs/core libs/policy libs/stack services/gateway services/scheduler services/worker \
+PACKAGES := libs/contracts libs/core libs/policy libs/stack libs/workloads services/gateway services/scheduler services/worker \
             services/profiler services/cachemgr services/autoscaler kernels bench
 
 .PHONY: install run test test-fast proto lint bench clean

@@ -21,7 +21,7 @@ from clairvoyant.bench.arrivals import (
     poisson,
 )
 from clairvoyant.bench.workloads import WorkloadDataError
-from clairvoyant.bench.workloads.data import DATA_DIR_ENV
+from clairvoyant.workloads.data import DATA_DIR_ENV
 
 pytestmark = pytest.mark.unit
 

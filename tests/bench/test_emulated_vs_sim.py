@@ -27,12 +27,12 @@ import pytest
 from clairvoyant.bench.records import RunRecords
 from clairvoyant.bench.sim.prompts import PromptBook
 from clairvoyant.bench.sim.simulator import ReplicaSpec, Simulator
-from clairvoyant.bench.workloads.program import Call, NewSegment, SystemSegment, WorkflowProgram
 from clairvoyant.worker.core.engine import EngineConfig, EngineRequest, LLMEngine
 from clairvoyant.worker.core.sampling import SamplingParams
 from clairvoyant.worker.core.types import Lineage
 from clairvoyant.worker.engine_loop import AsyncEngine
 from clairvoyant.worker.runners.emulated import EmulatedRunner
+from clairvoyant.workloads.program import Call, NewSegment, SystemSegment, WorkflowProgram
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 

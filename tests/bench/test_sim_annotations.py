@@ -13,10 +13,10 @@ from clairvoyant.bench.sim.annotations import OracleAnnotator, ProfilerAnnotator
 from clairvoyant.bench.sim.lower_bound import UnitServiceTime
 from clairvoyant.bench.sim.simulator import ReplicaSpec, Simulator, SteppedRunner
 from clairvoyant.bench.sim.unit_time import UnitTimeRunner
-from clairvoyant.bench.workloads.program import Call, NewSegment, WorkflowProgram
 from clairvoyant.contracts.v1 import common_pb2
 from clairvoyant.profiler.core import Tier
 from clairvoyant.worker.core.engine import EngineConfig
+from clairvoyant.workloads.program import Call, NewSegment, WorkflowProgram
 
 pytestmark = pytest.mark.unit
 

@@ -6,10 +6,10 @@ import pytest
 
 from clairvoyant.bench.sim.simulator import ReplicaSpec, Simulator
 from clairvoyant.bench.sim.unit_time import UnitTimeRunner
-from clairvoyant.bench.workloads.program import Call, NewSegment, WorkflowProgram
-from clairvoyant.scheduler.core import GlobalScheduler
 from clairvoyant.policy.kairos import KairosPriority, KairosTimeSlotRouting, TimeSlotConfig
+from clairvoyant.scheduler.core import GlobalScheduler
 from clairvoyant.worker.core.engine import EngineConfig
+from clairvoyant.workloads.program import Call, NewSegment, WorkflowProgram
 
 pytestmark = pytest.mark.unit
 

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from clairvoyant.bench.sim.annotations import OracleAnnotator
 from clairvoyant.bench.sim.simulator import ReplicaSpec, Simulator, SteppedRunner
 from clairvoyant.bench.sim.unit_time import UnitTimeRunner
-from clairvoyant.bench.workloads.program import Call, NewSegment, WorkflowProgram
 from clairvoyant.worker.core.engine import EngineConfig
+from clairvoyant.workloads.program import Call, NewSegment, WorkflowProgram
 
 pytestmark = pytest.mark.unit
 

@@ -8,11 +8,11 @@ import pytest
 
 from clairvoyant.bench.records import RunRecords
 from clairvoyant.bench.sim.simulator import Migration, ReplicaSpec, Simulator
-from clairvoyant.bench.workloads.program import Call, CallSegment, NewSegment, WorkflowProgram
 from clairvoyant.policy.saga import SagaAffinityRouting, Steal
 from clairvoyant.worker.core.engine import EngineConfig
 from clairvoyant.worker.costmodel.gpus import H100_80G, GpuSpec
 from clairvoyant.worker.runners.emulated import EmulatedRunner
+from clairvoyant.workloads.program import Call, CallSegment, NewSegment, WorkflowProgram
 
 pytestmark = pytest.mark.unit
 MODEL = "llama-3.1-8b"

@@ -6,9 +6,9 @@ import pytest
 
 from clairvoyant.bench.metrics import summarize
 from clairvoyant.bench.sim.simulator import ReplicaSpec, Simulator
-from clairvoyant.bench.workloads.program import Call, NewSegment, WorkflowProgram
 from clairvoyant.worker.core.engine import EngineConfig
 from clairvoyant.worker.runners.emulated import EmulatedRunner
+from clairvoyant.workloads.program import Call, NewSegment, WorkflowProgram
 
 pytestmark = pytest.mark.unit
 MODEL = "llama-3.1-8b"

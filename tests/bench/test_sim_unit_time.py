@@ -9,10 +9,10 @@ import pytest
 from clairvoyant.bench.sim.lower_bound import UnitServiceTime
 from clairvoyant.bench.sim.simulator import ReplicaSpec, Simulator
 from clairvoyant.bench.sim.unit_time import UnitTimeRunner
-from clairvoyant.bench.workloads.program import Call, NewSegment, WorkflowProgram
-from clairvoyant.scheduler.core import GlobalScheduler, KQueueConfig, KQueuePriority
 from clairvoyant.policy.autellix import LeastUsedRouting, LocalityLoadBalancer
+from clairvoyant.scheduler.core import GlobalScheduler, KQueueConfig, KQueuePriority
 from clairvoyant.worker.core.engine import EngineConfig
+from clairvoyant.workloads.program import Call, NewSegment, WorkflowProgram
 
 pytestmark = pytest.mark.unit
 

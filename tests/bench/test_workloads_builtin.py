@@ -18,8 +18,8 @@ from clairvoyant.bench.workloads import (
     get_workload,
     list_workloads,
 )
-from clairvoyant.bench.workloads.registry import BUILTIN_DIR, MIX_WORKLOADS, TRACE_WORKLOADS
-from clairvoyant.bench.workloads.spec import load_spec
+from clairvoyant.workloads.registry import BUILTIN_DIR, MIX_WORKLOADS, TRACE_WORKLOADS
+from clairvoyant.workloads.spec import load_spec
 
 pytestmark = pytest.mark.unit
 

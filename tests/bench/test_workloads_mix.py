@@ -11,7 +11,7 @@ import pytest
 from clairvoyant.bench.cli_experiment import workload_name
 from clairvoyant.bench.experiment import ExperimentConfig, build_cluster, instance
 from clairvoyant.bench.workloads import get_workload
-from clairvoyant.bench.workloads.mix import MixWorkload
+from clairvoyant.workloads.mix import MixWorkload
 
 pytestmark = pytest.mark.unit
 

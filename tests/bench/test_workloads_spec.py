@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from clairvoyant.bench.workloads import SpecError, SpecWorkload, get_workload, load_spec
-from clairvoyant.bench.workloads.distributions import Constant, Empirical, Geometric, LogNormal, Uniform
+from clairvoyant.workloads.distributions import Constant, Empirical, Geometric, LogNormal, Uniform
 
 pytestmark = pytest.mark.unit
 
@@ -390,7 +390,7 @@ def test_the_documented_example_is_a_valid_spec() -> None:
 
     import yaml
 
-    from clairvoyant.bench.workloads.data import repo_root
+    from clairvoyant.workloads.data import repo_root
 
     text = (repo_root() / "docs" / "workloads.md").read_text()
     example = re.search(r"```yaml\n(.*?)```", text, re.S)
@@ -405,7 +405,7 @@ def test_check_integrity_rejects_broken_programs() -> None:
     from dataclasses import replace
 
     from clairvoyant.bench.workloads import ProgramError, WorkflowProgram
-    from clairvoyant.bench.workloads.program import CallSegment
+    from clairvoyant.workloads.program import CallSegment
 
     program = _program(tiny_spec())
     calls = list(program.calls)

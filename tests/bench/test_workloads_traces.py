@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from clairvoyant.bench.workloads import TraceWorkload, WorkloadDataError, get_workload
-from clairvoyant.bench.workloads.data import DATA_DIR_ENV, data_dir, repo_root
-from clairvoyant.bench.workloads.traces import CHATDEV_CALLS, WEKA_CALLS
+from clairvoyant.workloads.data import DATA_DIR_ENV, data_dir, repo_root
+from clairvoyant.workloads.traces import CHATDEV_CALLS, WEKA_CALLS
 
 pytestmark = pytest.mark.unit
 

@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from clairvoyant.bench.sim.simulator import ReplicaSpec, Simulator
 from clairvoyant.bench.sim.unit_time import UnitTimeRunner
-from clairvoyant.bench.workloads.program import Call, NewSegment, WorkflowProgram
 from clairvoyant.scheduler.core import PRESETS, KQueueConfig, KQueueRule
 from clairvoyant.worker.core.engine import EngineConfig, EngineRequest, LLMEngine
 from clairvoyant.worker.core.sampling import SamplingParams
+from clairvoyant.workloads.program import Call, NewSegment, WorkflowProgram
 
 pytestmark = pytest.mark.unit
 

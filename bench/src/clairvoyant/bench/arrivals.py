@@ -37,8 +37,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-from clairvoyant.bench.workloads.data import require
 from clairvoyant.core.registry import Registry
+from clairvoyant.workloads.data import require
 
 
 @runtime_checkable

@@ -33,9 +33,9 @@ from clairvoyant.bench.sim.annotations import Annotator, OracleAnnotator, Profil
 from clairvoyant.bench.sim.lower_bound import RooflineServiceTime, ServiceTime
 from clairvoyant.bench.sim.simulator import ReplicaSpec, SimProgress, Simulator
 from clairvoyant.bench.workloads import Workload, get_workload
-from clairvoyant.bench.workloads.program import WorkflowProgram
 from clairvoyant.worker.core.engine import EngineConfig
 from clairvoyant.worker.runners.emulated import EmulatedRunner
+from clairvoyant.workloads.program import WorkflowProgram
 
 if TYPE_CHECKING:
     from clairvoyant.bench.live.run import LiveOptions

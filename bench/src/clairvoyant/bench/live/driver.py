@@ -35,7 +35,7 @@ from clairvoyant.bench.live.cluster import LiveModeError
 from clairvoyant.bench.live.prompts import TextPrompts
 from clairvoyant.bench.records import CallRecord, RunRecords, WorkflowRecord
 from clairvoyant.bench.sim.lower_bound import ServiceTime, lower_bound
-from clairvoyant.bench.workloads.program import Call, WorkflowProgram
+from clairvoyant.workloads.program import Call, WorkflowProgram
 
 MAX_PARENTS = 64  # the gateway's limit on app_metadata.parent_request_ids
 

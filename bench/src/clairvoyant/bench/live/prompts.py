@@ -13,7 +13,7 @@ characters, and the worker's count differs; the records then carry the worker's 
 from __future__ import annotations
 
 from clairvoyant.bench.sim.prompts import PromptBook
-from clairvoyant.bench.workloads.program import Call
+from clairvoyant.workloads.program import Call
 
 _FIRST, _LAST, _FORBIDDEN = 33, 126, ord("<")  # '!' .. '~' without '<'
 ALPHABET = "".join(chr(c) for c in range(_FIRST, _LAST + 1) if c != _FORBIDDEN)

@@ -41,11 +41,11 @@ from clairvoyant.bench.live.run import LiveOptions, run_live
 from clairvoyant.bench.metrics import summarize
 from clairvoyant.bench.sim.simulator import ReplicaSpec, Simulator
 from clairvoyant.bench.workloads import get_workload, list_workloads
-from clairvoyant.bench.workloads.program import WorkflowProgram
 from clairvoyant.policy import PRESETS
 from clairvoyant.stack import Stack, StackConfig
 from clairvoyant.worker.costmodel.roofline import BatchItem, CostModel
 from clairvoyant.worker.runners.emulated import EmulatedRunner
+from clairvoyant.workloads.program import WorkflowProgram
 
 COMPARED = (
     "workflows", "calls", "avg_jct_s", "p50_jct_s", "p95_jct_s", "throughput_tok_s", "workflows_per_min",

@@ -1,24 +1,29 @@
-"""Multi-agent workloads: a workflow spec, built-in workloads calibrated from the seeds and real
-traces, and a generator of workflow programs (static DAGs of calls) for the driver and simulator.
+"""The bench's name for the workload library, which lives in ``clairvoyant.workloads`` (libs/workloads)
+so that the profiler's offline evaluation reads the same programs without importing the bench."""
 
-    from clairvoyant.bench.workloads import get_workload
-    program = get_workload("coding_assistant").instantiate(numpy.random.default_rng(0), "wf-0")
-"""
-
-from clairvoyant.bench.workloads.base import AgentStats, ToolStats, Workload, WorkloadStats
-from clairvoyant.bench.workloads.errors import ProgramError, SpecError, WorkloadDataError, WorkloadError
-from clairvoyant.bench.workloads.generator import SpecWorkload
-from clairvoyant.bench.workloads.program import (
+from clairvoyant.workloads import (
+    WORKLOADS,
+    AgentStats,
     Call,
     CallSegment,
     NewSegment,
+    ProgramError,
     Segment,
+    SpecError,
+    SpecWorkload,
     SystemSegment,
+    ToolStats,
+    TraceWorkload,
     WorkflowProgram,
+    WorkflowSpec,
+    Workload,
+    WorkloadDataError,
+    WorkloadError,
+    WorkloadStats,
+    get_workload,
+    list_workloads,
+    load_spec,
 )
-from clairvoyant.bench.workloads.registry import WORKLOADS, get_workload, list_workloads
-from clairvoyant.bench.workloads.spec import WorkflowSpec, load_spec
-from clairvoyant.bench.workloads.traces import TraceWorkload
 
 __all__ = [
     "WORKLOADS",

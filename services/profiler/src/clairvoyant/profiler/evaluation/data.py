@@ -1,22 +1,23 @@
-"""Workflows to evaluate on: bench workload programs, timed, with block-hash chains on their records.
+"""Workflows to evaluate on: workload programs (``clairvoyant.workloads``), timed, with block-hash
+chains on their records.
 
 Sources (``--data``):
 
-* ``chatdev`` — the bench's replay of the 58 ChatDev runs with calls (``chatdev_warehouse``).  Agents
-  are the speaking **roles** (CEO, CPO, CTO, Programmer, Code Reviewer, ...), as the bench parses
+* ``chatdev`` — the replay of the 58 ChatDev runs with calls (``chatdev_warehouse``).  Agents
+  are the speaking **roles** (CEO, CPO, CTO, Programmer, Code Reviewer, ...), as the trace reader parses
   them, not the phases: a role is one system prompt and one LLM persona, which is what a serving
   system sees as an agent (and what a prompt template's static prefix belongs to); the phase
   sequence still shows in the role sequence, because each ChatChain phase is a fixed pair of roles.
-* ``claude_code`` — the bench's replay of the 710 Claude Code sessions: the ``main`` agent and one
+* ``claude_code`` — the replay of the 710 Claude Code sessions: the ``main`` agent and one
   agent per sub-agent type (``explore``, ``plan``, ``general_purpose``).
-* ``workload:<name>`` — programs generated from a bench workload spec (``coding_assistant``, ...).
+* ``workload:<name>`` — programs generated from a workload spec (``coding_assistant``, ...).
 
-Every program is the bench's static DAG (``clairvoyant.bench.workloads``).  Timing: a call starts
-when its dependencies and their tools have finished, and takes ``service_time`` (an unloaded
-server: ``SERVICE_BASE_S`` + prompt / ``PREFILL_TOKENS_PER_S`` + output / ``DECODE_TOKENS_PER_S``);
-workflows arrive as a Poisson process at ``concurrency`` / (mean makespan), so about ``concurrency``
-run at once and their requests interleave as on a shared cluster.  Recorded tool gaps are kept
-(Claude Code's idle humans capped at ``MAX_TOOL_LATENCY_S``).
+Every program is a static DAG (``clairvoyant.workloads``, as the bench's simulator replays them).
+Timing: a call starts when its dependencies and their tools have finished, and takes
+``service_time`` (an unloaded server: ``SERVICE_BASE_S`` + prompt / ``PREFILL_TOKENS_PER_S`` +
+output / ``DECODE_TOKENS_PER_S``); workflows arrive as a Poisson process at ``concurrency`` /
+(mean makespan), so about ``concurrency`` run at once and their requests interleave as on a shared
+cluster.  Recorded tool gaps are kept (Claude Code's idle humans capped at ``MAX_TOOL_LATENCY_S``).
 
 Prompts become token ids from their composition (system prompt per agent, earlier calls' prompts
 and responses copied, fresh tokens), so the block-hash chains on the records share exactly the
@@ -31,16 +32,21 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from clairvoyant.core.blockhash import chain_hashes, sequence_hashes
 from clairvoyant.profiler.core.profile import CallRecord
-
-if TYPE_CHECKING:  # the bench is imported lazily: the profiler does not depend on it at run time
-    from clairvoyant.bench.workloads import Call as ProgramCall
-    from clairvoyant.bench.workloads import WorkflowProgram
+from clairvoyant.workloads import Call as ProgramCall
+from clairvoyant.workloads import (
+    CallSegment,
+    SystemSegment,
+    TraceWorkload,
+    WorkflowProgram,
+    WorkloadDataError,
+    get_workload,
+    list_workloads,
+)
 
 SERVICE_BASE_S = 0.05
 PREFILL_TOKENS_PER_S = 10_000.0
@@ -83,8 +89,6 @@ class _Tokens:
         return rng.integers(0, VOCAB, size=max(n, 0)).tolist()
 
     def chains(self, call: ProgramCall) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        from clairvoyant.bench.workloads import CallSegment, SystemSegment
-
         ids: list[int] = []
         for seg in call.prompt:
             want = min(seg.tokens, self.cap - len(ids))
@@ -159,8 +163,6 @@ def timed_workflows(
 
 def _trace_programs(name: str) -> Callable[[int, int | None, Path | None], list[WorkflowProgram]]:
     def load(seed: int, limit: int | None, data_dir: Path | None) -> list[WorkflowProgram]:
-        from clairvoyant.bench.workloads import TraceWorkload, WorkloadDataError, get_workload
-
         try:
             workload = get_workload(name, data_dir=data_dir, max_tool_latency_s=MAX_TOOL_LATENCY_S)
         except WorkloadDataError as exc:
@@ -181,8 +183,6 @@ DEFAULT_GENERATED = 200
 
 def _generated_programs(name: str) -> Callable[[int, int | None, Path | None], list[WorkflowProgram]]:
     def load(seed: int, limit: int | None, data_dir: Path | None) -> list[WorkflowProgram]:
-        from clairvoyant.bench.workloads import get_workload
-
         workload = get_workload(name)
         rng = np.random.default_rng(seed)
         count = limit if limit is not None else DEFAULT_GENERATED
@@ -196,8 +196,6 @@ def source(data: str) -> Callable[[int, int | None, Path | None], list[WorkflowP
     if data in SOURCES:
         return SOURCES[data]
     if data.startswith(WORKLOAD_PREFIX):
-        from clairvoyant.bench.workloads import list_workloads
-
         name = data[len(WORKLOAD_PREFIX) :]
         if name in list_workloads():
             return _generated_programs(name)

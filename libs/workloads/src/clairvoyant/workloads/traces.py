@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from clairvoyant.bench.workloads.base import AgentStats, ToolStats, Workload, WorkloadStats
-from clairvoyant.bench.workloads.data import require
-from clairvoyant.bench.workloads.program import CallTemplate, TemplateSegment, WorkflowProgram, materialize
+from clairvoyant.workloads.base import AgentStats, ToolStats, Workload, WorkloadStats
+from clairvoyant.workloads.data import require
+from clairvoyant.workloads.program import CallTemplate, TemplateSegment, WorkflowProgram, materialize
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,8 @@ from pydantic import (
     model_validator,
 )
 
-from clairvoyant.bench.workloads.distributions import DIST_TAG_PREFIX, Constant, Distribution
-from clairvoyant.bench.workloads.errors import SpecError
+from clairvoyant.workloads.distributions import DIST_TAG_PREFIX, Constant, Distribution
+from clairvoyant.workloads.errors import SpecError
 
 MAX_CALLS_PER_WORKFLOW = 100_000
 STEP_KINDS = ("agent", "loop", "fanout", "parallel", "choose")

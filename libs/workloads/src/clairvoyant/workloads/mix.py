@@ -21,8 +21,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from clairvoyant.bench.workloads.base import AgentStats, Workload, WorkloadStats
-from clairvoyant.bench.workloads.program import WorkflowProgram
+from clairvoyant.workloads.base import AgentStats, Workload, WorkloadStats
+from clairvoyant.workloads.program import WorkflowProgram
 
 SEPARATOR = "+"
 

@@ -12,11 +12,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from clairvoyant.bench.workloads import traces
-from clairvoyant.bench.workloads.base import Workload
-from clairvoyant.bench.workloads.generator import SpecWorkload
-from clairvoyant.bench.workloads.mix import SEPARATOR, MixWorkload
 from clairvoyant.core.registry import Registry
+from clairvoyant.workloads import traces
+from clairvoyant.workloads.base import Workload
+from clairvoyant.workloads.generator import SpecWorkload
+from clairvoyant.workloads.mix import SEPARATOR, MixWorkload
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
 TRACE_WORKLOADS = ("chatdev", "claude_code")

@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from clairvoyant.bench.workloads.base import AgentStats, ToolStats, Workload, WorkloadStats
-from clairvoyant.bench.workloads.distributions import normal_cdf
-from clairvoyant.bench.workloads.program import CallTemplate, TemplateSegment, WorkflowProgram, materialize
-from clairvoyant.bench.workloads.spec import (
+from clairvoyant.workloads.base import AgentStats, ToolStats, Workload, WorkloadStats
+from clairvoyant.workloads.distributions import normal_cdf
+from clairvoyant.workloads.program import CallTemplate, TemplateSegment, WorkflowProgram, materialize
+from clairvoyant.workloads.spec import (
     AgentStep,
     ChooseStep,
     FanoutStep,

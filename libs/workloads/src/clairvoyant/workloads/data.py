@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from clairvoyant.bench.workloads.errors import WorkloadDataError
+from clairvoyant.workloads.errors import WorkloadDataError
 
 DATA_DIR_ENV = "CV_DATA_DIR"
 

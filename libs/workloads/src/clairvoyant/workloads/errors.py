@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 class WorkloadError(Exception):
-    """Base of every error raised by ``clairvoyant.bench.workloads``."""
+    """Base of every error raised by ``clairvoyant.workloads``."""
 
 
 class SpecError(WorkloadError, ValueError):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from clairvoyant.bench.workloads.program import WorkflowProgram
+from clairvoyant.workloads.program import WorkflowProgram
 
 
 @dataclass(frozen=True)
