@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from clairvoyant.worker.core.engine import ContextLengthExceeded, SamplingParams
+from clairvoyant.core.errors import ContextLengthExceeded
+from clairvoyant.worker.core.engine import SamplingParams
 from tests.worker.fakes import EOS, Collected, FakeRunner, collect, drain, letters, make_engine, request
 
 pytestmark = pytest.mark.unit
@@ -23,8 +24,8 @@ def test_add_request_rejects_bad_requests() -> None:
     engine, _ = make_engine(runner=FakeRunner(max_model_len=64), block_size=4, num_blocks=8)
     with pytest.raises(ContextLengthExceeded) as info:
         engine.add_request(request("long", letters(60, 1), max_tokens=8))
-    assert (info.value.prompt_tokens, info.value.max_model_len) == (60, 64)
-    assert isinstance(info.value, ValueError)
+    assert "maximum context length is 64 tokens" in info.value.message
+    assert "68 tokens (60 in the prompt, 8 for the completion)" in info.value.message
     with pytest.raises(ValueError, match="at least one token"):
         engine.add_request(request("empty", [], max_tokens=8))
     with pytest.raises(ValueError, match="KV blocks"):  # 30 + 4 - 1 tokens need 9 blocks > 8

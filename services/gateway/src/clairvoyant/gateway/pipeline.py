@@ -22,9 +22,9 @@ from opentelemetry import trace
 
 from clairvoyant.contracts.v1 import common_pb2, scheduler_pb2, worker_pb2
 from clairvoyant.core.bus import COMPLETIONS_SUBJECT
+from clairvoyant.core.context_window import check_context_window
 from clairvoyant.core.errors import (
     ClairvoyantError,
-    ContextLengthExceeded,
     InvalidRequest,
     ModelNotFound,
     NoWorkers,
@@ -181,12 +181,8 @@ class Pipeline:
         if asked is None:  # the default must not push a short model past its context window
             room = model.max_model_len - prompt_estimate if model.max_model_len else self.default_max_tokens
             return max(1, min(self.default_max_tokens, room))
-        if model.max_model_len and asked >= model.max_model_len:
-            raise ContextLengthExceeded(
-                f"max_tokens ({asked}) leaves no room for the prompt in this model's context window of "
-                f"{model.max_model_len} tokens",
-                param="max_tokens",
-            )
+        # The prompt is not tokenized here: the worker checks the window again with its exact length.
+        check_context_window(model.max_model_len, asked, param="max_tokens")
         return asked
 
     async def _schedule(self, msg: scheduler_pb2.ScheduleRequest) -> scheduler_pb2.Placement:

@@ -14,7 +14,8 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from clairvoyant.core.errors import ContextLengthExceeded, InvalidRequest
+from clairvoyant.core.context_window import check_context_window
+from clairvoyant.core.errors import InvalidRequest
 from clairvoyant.worker import metrics
 from clairvoyant.worker.core.engine import EngineRequest, RequestOutput
 from clairvoyant.worker.core.kv_transfer import (
@@ -103,14 +104,7 @@ class WorkerFrontend:
         """Checks the context window, then builds the engine request.  Raises InvalidRequest."""
         if not prompt_ids:
             raise InvalidRequest("the prompt is empty after tokenization", param="messages")
-        room = self.max_model_len - len(prompt_ids)
-        if room <= 0 or sampling.max_tokens > room:
-            raise ContextLengthExceeded(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
-                f"{len(prompt_ids) + sampling.max_tokens} tokens ({len(prompt_ids)} in the prompt, "
-                f"{sampling.max_tokens} for the completion).",
-                param="messages",
-            )
+        check_context_window(self.max_model_len, sampling.max_tokens, len(prompt_ids), param="messages")
         return EngineRequest(
             request_id=request_id or f"w{next(_counter)}",
             prompt_token_ids=prompt_ids,

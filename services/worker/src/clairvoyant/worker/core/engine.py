@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
+from clairvoyant.core.context_window import check_context_window
 from clairvoyant.worker.core.block_manager import BlockManager
 from clairvoyant.worker.core.decode_run import (
     Allocations,
@@ -24,7 +25,6 @@ from clairvoyant.worker.core.sampling import SamplingParams, make_generator, sam
 from clairvoyant.worker.core.scheduler import Scheduler, SchedulerOutput
 from clairvoyant.worker.core.sequence import Sequence, SequenceStatus
 from clairvoyant.worker.core.types import (
-    ContextLengthExceeded,
     EngineRequest,
     EngineStats,
     FinishReason,
@@ -34,7 +34,6 @@ from clairvoyant.worker.core.types import (
 from clairvoyant.worker.runners.base import FastForwardRunner, ForwardItem, ModelRunner
 
 __all__ = [
-    "ContextLengthExceeded",
     "DecodeRun",
     "EngineConfig",
     "EngineRequest",
@@ -101,15 +100,15 @@ class LLMEngine:
 
     # ---- requests ------------------------------------------------------------------------------
     def add_request(self, req: EngineRequest) -> None:
-        """Queue a request.  Raises ValueError (ContextLengthExceeded for the context window)."""
+        """Queue a request.  Raises ContextLengthExceeded (``check_context_window``) past the context
+        window, ValueError for the rest."""
         prompt_len, max_tokens = len(req.prompt_token_ids), req.sampling.max_tokens
         if prompt_len == 0:
             raise ValueError("prompt must contain at least one token")
         if req.request_id in self._seqs or any(o.request_id == req.request_id for o in self._aborted):
             raise ValueError(f"duplicate request id {req.request_id!r}")
         info = self.runner.info
-        if prompt_len + max_tokens > info.max_model_len:
-            raise ContextLengthExceeded(prompt_len, max_tokens, info.max_model_len)
+        check_context_window(info.max_model_len, max_tokens, prompt_len, param="messages")
         # The last sampled token never needs a slot; everything before it must fit the pool at once.
         blocks = -(-(prompt_len + max_tokens - 1) // self.config.block_size)
         if blocks > self.config.num_blocks:

@@ -68,16 +68,3 @@ class EngineStats:
     cached_prompt_tokens_total: int  # prompt positions served from the prefix cache (each admission)
     generated_tokens_total: int
     max_num_seqs: int
-
-
-class ContextLengthExceeded(ValueError):
-    """The prompt plus ``max_tokens`` does not fit the model's context window."""
-
-    def __init__(self, prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
-        super().__init__(
-            f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds the model's "
-            f"context length ({max_model_len} tokens)"
-        )
-        self.prompt_tokens = prompt_tokens
-        self.max_tokens = max_tokens
-        self.max_model_len = max_model_len
