@@ -17,7 +17,9 @@ class SnapshotSource(Protocol):
 
 
 @dataclass(frozen=True)
-class ModelInfo:
+class ServedModel:
+    """A model as the registered workers serve it (not a runner's model description)."""
+
     name: str
     max_model_len: int  # the smallest context window among its workers; 0 when none reported one
     workers: int
@@ -38,9 +40,9 @@ class ModelCatalog:
         self._now = now
         self._lock = asyncio.Lock()
         self._fetched_at = float("-inf")
-        self._models: dict[str, ModelInfo] = {}
+        self._models: dict[str, ServedModel] = {}
 
-    async def models(self) -> dict[str, ModelInfo]:
+    async def models(self) -> dict[str, ServedModel]:
         """Raises Unavailable when the scheduler cannot be reached."""
         if self._now() - self._fetched_at < self._ttl_s:
             return self._models
@@ -51,7 +53,7 @@ class ModelCatalog:
                 self._fetched_at = self._now()
         return self._models
 
-    async def resolve(self, name: str) -> ModelInfo:
+    async def resolve(self, name: str) -> ServedModel:
         models = await self.models()
         if name in models:
             return models[name]
@@ -64,7 +66,7 @@ class ModelCatalog:
         )
 
     @staticmethod
-    def _summarise(snapshot: scheduler_pb2.SchedulerSnapshot) -> dict[str, ModelInfo]:
+    def _summarise(snapshot: scheduler_pb2.SchedulerSnapshot) -> dict[str, ServedModel]:
         lengths: dict[str, list[int]] = {}
         counts: dict[str, int] = {}
         for worker in snapshot.workers:
@@ -72,6 +74,6 @@ class ModelCatalog:
             if worker.max_model_len:
                 lengths.setdefault(worker.model, []).append(worker.max_model_len)
         return {
-            model: ModelInfo(model, min(lengths.get(model, [0])), count)
+            model: ServedModel(model, min(lengths.get(model, [0])), count)
             for model, count in sorted(counts.items())
         }

@@ -37,7 +37,7 @@ from clairvoyant.gateway import metrics
 from clairvoyant.gateway.clients import Annotator, NoAnnotator, SchedulerClient, WorkerPool
 from clairvoyant.gateway.generation import Generation
 from clairvoyant.gateway.leases import HeldPlacements
-from clairvoyant.gateway.models import ModelCatalog, ModelInfo
+from clairvoyant.gateway.models import ModelCatalog, ServedModel
 from clairvoyant.gateway.records import STATUS_CANCELLED, STATUS_ERROR, Outcome, build_record
 from clairvoyant.gateway.request import CompletionResult, GenerationRequest
 
@@ -176,7 +176,7 @@ class Pipeline:
         self.held.drop(request_id)
         await self.scheduler.complete(request_id, worker_id, status)
 
-    def _max_tokens(self, request: GenerationRequest, model: ModelInfo, prompt_estimate: int) -> int:
+    def _max_tokens(self, request: GenerationRequest, model: ServedModel, prompt_estimate: int) -> int:
         asked = request.sampling.max_tokens
         if asked is None:  # the default must not push a short model past its context window
             room = model.max_model_len - prompt_estimate if model.max_model_len else self.default_max_tokens
