@@ -14,6 +14,7 @@ from clairvoyant.bench.sim.lower_bound import UnitServiceTime
 from clairvoyant.bench.sim.simulator import ReplicaSpec, Simulator, SteppedRunner
 from clairvoyant.bench.sim.unit_time import UnitTimeRunner
 from clairvoyant.contracts.v1 import common_pb2
+from clairvoyant.core.annotations import SysAnnotations
 from clairvoyant.profiler.core import Tier
 from clairvoyant.worker.core.engine import EngineConfig
 from clairvoyant.workloads.program import Call, NewSegment, WorkflowProgram
@@ -73,7 +74,7 @@ def test_oracle_values_are_the_programs_ground_truth() -> None:
     assert [a.expected_remaining_time_s for a in got] == [14.0, 5.0, 5.0, 1.0]
     # Without service times there is no remaining time.
     assert (
-        not OracleAnnotator().annotate(program, program.calls[0], 0.0).HasField("expected_remaining_time_s")
+        OracleAnnotator().annotate(program, program.calls[0], 0.0).expected_remaining_time_s is None
     )
 
 
@@ -85,7 +86,7 @@ class Recording:
         self.annotated: list[tuple[str, float]] = []
         self.observed: list[tuple[str, bool]] = []
 
-    def annotate(self, program: WorkflowProgram, call: Call, now: float) -> common_pb2.SysAnnotations | None:
+    def annotate(self, program: WorkflowProgram, call: Call, now: float) -> SysAnnotations | None:
         self.annotated.append((call.call_id, now))
         return self.inner.annotate(program, call, now)
 
@@ -155,4 +156,4 @@ def test_the_profiler_annotator_is_unannotated_for_an_unknown_workflow() -> None
     program = chain("x")
     got = ProfilerAnnotator().annotate(program, program.calls[0], 0.0)
     assert got.confidence == common_pb2.CONFIDENCE_NONE
-    assert not got.HasField("predicted_output_len") and not got.next_agents
+    assert got.predicted_output_len is None and not got.next_agents

@@ -7,6 +7,7 @@ import pytest
 
 from clairvoyant.contracts.v1 import common_pb2
 from clairvoyant.core.app_metadata import AppMetadata
+from clairvoyant.core.wire import annotations_from_proto
 from clairvoyant.policy.clairvoyant import (
     ClairvoyantPriority,
     ClairvoyantPriorityConfig,
@@ -47,7 +48,8 @@ def call(
         if predicted_output is not None:
             annotations.predicted_output_len.CopyFrom(common_pb2.LengthInterval(p50=predicted_output, p99=0))
     return QueuedRequest(
-        rid, "t", "m", arrival, prompt_tokens=prompt_tokens, app_metadata=meta, annotations=annotations
+        rid, "t", "m", arrival, prompt_tokens=prompt_tokens, app_metadata=meta,
+        annotations=annotations_from_proto(annotations) if annotations is not None else None,
     )
 
 

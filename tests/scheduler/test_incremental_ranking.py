@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from clairvoyant.contracts.v1 import common_pb2
 from clairvoyant.core.app_metadata import AppMetadata
 from clairvoyant.core.errors import NoWorkers
+from clairvoyant.core.wire import annotations_from_proto
 from clairvoyant.policy import Capability, capabilities_of
 from clairvoyant.policy.scheduling import PriorityPolicy
 from clairvoyant.scheduler.core import PRESETS, GlobalScheduler, QueuedRequest, WorkerReport, build_policies
@@ -120,7 +121,8 @@ class _Driver:
                 annotations.next_agents.add(agent_id=agent, probability=rng.choice([0.25, 0.5, 1.0]))
         return QueuedRequest(
             rid, tenant, rng.choice(["a", "a", "b"]), self.now, prompt_tokens=rng.choice([50, 400, 3000]),
-            max_tokens=rng.choice([0, 64, 512]), app_metadata=meta, annotations=annotations,
+            max_tokens=rng.choice([0, 64, 512]), app_metadata=meta,
+            annotations=annotations_from_proto(annotations) if annotations is not None else None,
         )  # fmt: skip
 
     def _submit(self, rng: random.Random) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from clairvoyant.contracts.v1 import common_pb2
 from clairvoyant.core.app_metadata import AppMetadata
+from clairvoyant.core.wire import annotations_from_proto
 from clairvoyant.policy.kairos import (
     RANK_SPAN_S,
     Booking,
@@ -60,7 +61,7 @@ def call(
             annotations.predicted_output_len.CopyFrom(common_pb2.LengthInterval(p50=predicted_output, p99=0))
     return QueuedRequest(
         rid, "t", "m", arrival, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
-        app_metadata=meta, annotations=annotations,
+        app_metadata=meta, annotations=annotations_from_proto(annotations) if annotations is not None else None,
     )  # fmt: skip
 
 
@@ -298,7 +299,7 @@ def run_example(policy: str) -> tuple[dict[str, float], dict[str, float]]:
                     now,
                     max_tokens=stages[i].service,
                     app_metadata=meta,
-                    annotations=annotations,
+                    annotations=annotations_from_proto(annotations) if annotations is not None else None,
                 ),
                 now,
             )

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from clairvoyant.contracts.v1 import common_pb2
 from clairvoyant.core.app_metadata import AppMetadata
+from clairvoyant.core.wire import annotations_from_proto
 from clairvoyant.scheduler.core import PRESETS, GlobalScheduler, QueuedRequest, WorkerReport
 
 pytestmark = pytest.mark.unit
@@ -45,7 +46,7 @@ def _request(index: int, data: st.DataObject) -> QueuedRequest:
         prompt_tokens=draw(st.integers(1, 1_500)),  # some exceed a worker's whole pool
         max_tokens=draw(st.integers(0, 400)),
         app_metadata=AppMetadata("type", f"wf{workflow}", draw(st.sampled_from(["a", "b", "c"]))),
-        annotations=annotations,
+        annotations=annotations_from_proto(annotations) if annotations is not None else None,
     )
 
 

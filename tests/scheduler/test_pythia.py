@@ -9,6 +9,7 @@ import pytest
 
 from clairvoyant.contracts.v1 import common_pb2
 from clairvoyant.core.app_metadata import AppMetadata
+from clairvoyant.core.wire import annotations_from_proto
 from clairvoyant.policy.pythia import (
     LengthBound,
     NodeLoad,
@@ -59,7 +60,8 @@ def req(
     ann: common_pb2.SysAnnotations | None = None,
 ) -> QueuedRequest:
     meta = AppMetadata("app", workflow, agent) if workflow is not None else None
-    return QueuedRequest(request_id, "t", model, arrival, prompt, max_tokens, meta, ann)
+    annotations = annotations_from_proto(ann) if ann is not None else None
+    return QueuedRequest(request_id, "t", model, arrival, prompt, max_tokens, meta, annotations)
 
 
 def worker(
@@ -172,9 +174,9 @@ def test_ties_go_to_the_programs_last_engine_then_the_smallest_id() -> None:
 
 
 def test_completion_score_is_one_over_the_remaining_distance_including_this_step() -> None:
-    assert completion_score(sys_ann(remaining=0)) == 1.0
-    assert completion_score(sys_ann(remaining=3)) == 0.25
-    assert completion_score(sys_ann()) == 0.0
+    assert completion_score(annotations_from_proto(sys_ann(remaining=0))) == 1.0
+    assert completion_score(annotations_from_proto(sys_ann(remaining=3))) == 0.25
+    assert completion_score(annotations_from_proto(sys_ann())) == 0.0
     assert completion_score(None) == 0.0
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from clairvoyant.contracts.v1 import common_pb2
 from clairvoyant.core.app_metadata import AppMetadata
+from clairvoyant.core.wire import annotations_from_proto
 from clairvoyant.policy.saga import (
     AgentFairShare,
     PendingSession,
@@ -39,7 +40,8 @@ def call(
         )
     )
     return QueuedRequest(
-        rid, tenant, "m", t, prompt_tokens=100, max_tokens=8, app_metadata=meta, annotations=annotations
+        rid, tenant, "m", t, prompt_tokens=100, max_tokens=8, app_metadata=meta,
+        annotations=annotations_from_proto(annotations) if annotations is not None else None,
     )
 
 

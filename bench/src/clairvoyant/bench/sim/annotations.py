@@ -23,13 +23,13 @@ from clairvoyant.bench.records import CallRecord, RunRecords
 from clairvoyant.bench.sim.lower_bound import ServiceTime, fresh_and_reused
 from clairvoyant.bench.sim.simulator import TENANT, ReplicaSpec, Simulator
 from clairvoyant.bench.workloads.program import Call, WorkflowProgram
-from clairvoyant.contracts.v1 import common_pb2
+from clairvoyant.core.annotations import Confidence, LengthInterval, NextAgent, SysAnnotations
 from clairvoyant.profiler import core as profiler
-from clairvoyant.profiler.convert import sys_annotations
+from clairvoyant.profiler.core.sys_annotations import sys_annotations
 
 
 class Annotator(Protocol):
-    def annotate(self, program: WorkflowProgram, call: Call, now: float) -> common_pb2.SysAnnotations | None:
+    def annotate(self, program: WorkflowProgram, call: Call, now: float) -> SysAnnotations | None:
         """The annotations of ``call``, which became ready at ``now`` (None: unannotated)."""
         ...
 
@@ -53,7 +53,7 @@ class ProfilerAnnotator:
         self.time_offset = 0.0
         self._latest = 0.0
 
-    def annotate(self, program: WorkflowProgram, call: Call, now: float) -> common_pb2.SysAnnotations:
+    def annotate(self, program: WorkflowProgram, call: Call, now: float) -> SysAnnotations:
         annotation = self.store.annotate(
             TENANT, program.workflow_type, call.agent_id, workflow_id=program.workflow_id
         )
@@ -151,21 +151,18 @@ class OracleAnnotator:
         self.service_times = dict(service_times or {})
         self._truth: dict[str, _Truth] = {}
 
-    def annotate(self, program: WorkflowProgram, call: Call, now: float) -> common_pb2.SysAnnotations:
+    def annotate(self, program: WorkflowProgram, call: Call, now: float) -> SysAnnotations:
         truth = self._truth.get(program.workflow_id)
         if truth is None:
             truth = self._truth[program.workflow_id] = _Truth(program, self.service_times)
-        out = common_pb2.SysAnnotations(
-            confidence=common_pb2.CONFIDENCE_HIGH,
-            predicted_output_len=common_pb2.LengthInterval(p50=call.output_tokens, p99=call.output_tokens),
-            expected_remaining_steps=truth.remaining_steps[call.call_id],
-            next_agents=[
-                common_pb2.NextAgent(agent_id=a, probability=1.0) for a in truth.next_agents[call.call_id]
-            ],
+        remaining_time_s = truth.remaining_time_s.get(call.call_id)
+        return SysAnnotations(
+            confidence=Confidence.HIGH,
+            predicted_output_len=LengthInterval(float(call.output_tokens), float(call.output_tokens)),
+            expected_remaining_steps=float(truth.remaining_steps[call.call_id]),
+            next_agents=tuple(NextAgent(agent_id, 1.0) for agent_id in truth.next_agents[call.call_id]),
+            expected_remaining_time_s=float(remaining_time_s) if remaining_time_s is not None else None,
         )
-        if call.call_id in truth.remaining_time_s:
-            out.expected_remaining_time_s = truth.remaining_time_s[call.call_id]
-        return out
 
     def observe(self, program: WorkflowProgram, record: CallRecord, last: bool) -> None:
         if last:

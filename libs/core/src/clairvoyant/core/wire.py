@@ -1,8 +1,10 @@
-"""Protobuf conversions of core's plain value types, for the gRPC and NATS adapters."""
+"""Protobuf conversions of core's plain value types (AppMetadata, SysAnnotations), for the gRPC and
+NATS adapters."""
 
 from __future__ import annotations
 
 from clairvoyant.contracts.v1 import common_pb2
+from clairvoyant.core.annotations import Confidence, LengthInterval, NextAgent, SysAnnotations
 from clairvoyant.core.app_metadata import OPTIONAL_IDS, AppMetadata
 
 
@@ -33,3 +35,45 @@ def app_metadata_from_proto(msg: common_pb2.AppMetadata) -> AppMetadata:
         workflow_version=msg.workflow_version if msg.HasField("workflow_version") else None,
         workflow_end=msg.workflow_end if msg.HasField("workflow_end") else None,
     )
+
+
+def annotations_to_proto(annotations: SysAnnotations) -> common_pb2.SysAnnotations:
+    msg = common_pb2.SysAnnotations(
+        confidence=common_pb2.Confidence.ValueType(annotations.confidence),
+        predicted_path_regex=annotations.predicted_path_regex,
+        next_agents=[
+            common_pb2.NextAgent(agent_id=a.agent_id, probability=a.probability)
+            for a in annotations.next_agents
+        ],
+        prompt_composition=annotations.prompt_composition,
+    )
+    length = annotations.predicted_output_len
+    if length is not None:
+        msg.predicted_output_len.CopyFrom(common_pb2.LengthInterval(p50=length.p50, p99=length.p99))
+    for name in _OPTIONAL_NUMBERS:
+        value = getattr(annotations, name)
+        if value is not None:
+            setattr(msg, name, value)
+    return msg
+
+
+def annotations_from_proto(msg: common_pb2.SysAnnotations) -> SysAnnotations:
+    length = msg.predicted_output_len if msg.HasField("predicted_output_len") else None
+    numbers = {name: getattr(msg, name) if msg.HasField(name) else None for name in _OPTIONAL_NUMBERS}
+    return SysAnnotations(
+        confidence=Confidence(msg.confidence) if msg.confidence in _CONFIDENCES else Confidence.UNSPECIFIED,
+        predicted_output_len=LengthInterval(length.p50, length.p99) if length is not None else None,
+        predicted_path_regex=msg.predicted_path_regex,
+        next_agents=tuple(NextAgent(a.agent_id, a.probability) for a in msg.next_agents),
+        prompt_composition=msg.prompt_composition,
+        **numbers,
+    )
+
+
+_OPTIONAL_NUMBERS = (
+    "expected_remaining_steps",
+    "expected_remaining_time_s",
+    "kairos_rank",
+    "attained_service_s",
+)
+_CONFIDENCES = frozenset(int(c) for c in Confidence)

@@ -38,8 +38,8 @@ HOOKS = frozenset(capability.value for capability in Capability)
 
 def capabilities_of(policy: object) -> frozenset[Capability]:
     """The capabilities ``policy`` (an instance or a class) declares; none when it declares none."""
-    declared = getattr(policy, "capabilities", frozenset())
-    return frozenset(declared)
+    declared: frozenset[Capability] = frozenset(getattr(policy, "capabilities", ()))
+    return declared
 
 
 def check_capabilities(cls: type) -> None:

@@ -91,7 +91,7 @@ class KairosPriority:
 
     def priority(self, request: QueuedRequest, now: float) -> float:
         annotations = request.annotations
-        if annotations is None or not annotations.HasField("kairos_rank"):
+        if annotations is None or annotations.kairos_rank is None:
             return 0.0
         rank = max(0.0, annotations.kairos_rank)
         return -((rank + 1.0) * RANK_SPAN_S + self._starts.start_of(request))
@@ -246,7 +246,7 @@ class KairosTimeSlotRouting:
 
     def expected_output_tokens(self, request: QueuedRequest) -> int:
         annotations = request.annotations
-        if annotations is not None and annotations.HasField("predicted_output_len"):
+        if annotations is not None and annotations.predicted_output_len is not None:
             return max(0, round(annotations.predicted_output_len.p50))
         return request.max_tokens if request.max_tokens > 0 else self.config.default_output_tokens
 

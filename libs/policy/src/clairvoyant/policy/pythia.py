@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from clairvoyant.contracts.v1 import common_pb2
+from clairvoyant.core.annotations import Confidence, SysAnnotations
 from clairvoyant.policy.capabilities import Capability
 from clairvoyant.policy.presets import PRESETS, Preset
 from clairvoyant.policy.process_table import ProcessTable
@@ -47,11 +47,11 @@ from clairvoyant.policy.scheduling import (
 )
 from clairvoyant.policy.types import QueuedRequest, WorkerView
 
-TRUSTED = (common_pb2.CONFIDENCE_LOW, common_pb2.CONFIDENCE_HIGH)
+TRUSTED = (Confidence.LOW, Confidence.HIGH)
 _SLACK = 1e-9  # Σ α_i is a float sum: 50 × 0.01 must pass ε = 0.5
 
 
-def trusted_annotations(request: QueuedRequest) -> common_pb2.SysAnnotations | None:
+def trusted_annotations(request: QueuedRequest) -> SysAnnotations | None:
     """The request's annotations when the profiler trusts them (LOW or HIGH); None otherwise."""
     annotations = request.annotations
     return annotations if annotations is not None and annotations.confidence in TRUSTED else None
@@ -85,7 +85,7 @@ def length_bound(request: QueuedRequest, max_model_len: int, alpha: float) -> Le
     """u_i and α_i.  Trusted: prompt + ceil(p99), α.  Otherwise the hard bound prompt + max_tokens
     (or the context window when max_tokens is unset), α = 0."""
     annotations = trusted_annotations(request)
-    if annotations is not None and annotations.HasField("predicted_output_len"):
+    if annotations is not None and annotations.predicted_output_len is not None:
         return LengthBound(request.prompt_tokens + math.ceil(annotations.predicted_output_len.p99), alpha)
     if request.max_tokens > 0:
         return LengthBound(request.prompt_tokens + request.max_tokens, 0.0)
@@ -176,10 +176,10 @@ class PythiaPriorityConfig:
     aging_rate: float = 0.01  # priority per second on the engine (ours: +1 after 100 s)
 
 
-def completion_score(annotations: common_pb2.SysAnnotations | None) -> float:
+def completion_score(annotations: SysAnnotations | None) -> float:
     """S_completion = 1 / E[D_remain], with D_remain counting the request's own step:
     expected_remaining_steps (steps after it) + 1.  So a final step scores 1.  0 without it."""
-    if annotations is None or not annotations.HasField("expected_remaining_steps"):
+    if annotations is None or annotations.expected_remaining_steps is None:
         return 0.0
     return 1.0 / (1.0 + max(0.0, annotations.expected_remaining_steps))
 
@@ -230,7 +230,7 @@ class PythiaPriority:
             return 0
         return scheduler.queue_depth(model) + sum(w.queued for w in scheduler.workers() if w.model == model)
 
-    def idle_risk(self, request: QueuedRequest, annotations: common_pb2.SysAnnotations | None) -> float:
+    def idle_risk(self, request: QueuedRequest, annotations: SysAnnotations | None) -> float:
         if annotations is None or request.app_metadata is None or self._scheduler is None:
             return 0.0
         risk = 0.0

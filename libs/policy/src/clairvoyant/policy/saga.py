@@ -444,7 +444,7 @@ class AgentFairShare:
             annotations = trusted_annotations(request)
             remaining = (
                 annotations.expected_remaining_time_s
-                if annotations is not None and annotations.HasField("expected_remaining_time_s")
+                if annotations is not None and annotations.expected_remaining_time_s is not None
                 else None
             )
             tasks.append(TaskWork(request.tenant, remaining))

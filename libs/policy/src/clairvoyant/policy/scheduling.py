@@ -150,6 +150,7 @@ class SchedulerView(Protocol):
     implements it).  Reads only, plus ``watch_queued_programs``, which changes nothing it decides with."""
 
     def queue_depth(self, model: str) -> int: ...
+    def queue_depths(self) -> dict[str, int]: ...
     def queued_requests(self, model: str | None = None) -> list[QueuedRequest]: ...
     def queued_calls(self, key: ProgramKey) -> list[QueuedRequest]: ...
     def queued_programs(self) -> list[ProgramKey]: ...
@@ -246,7 +247,7 @@ class RoundRobinRouting:
     not reshuffle the rotation: the next pick is the first eligible id after the last one, wrapping.
     """
 
-    capabilities = frozenset()
+    capabilities: frozenset[Capability] = frozenset()
 
     def __init__(self) -> None:
         self._last: dict[str, str] = {}  # model -> worker id chosen last
@@ -266,7 +267,7 @@ class LeastLoadedRouting:
     """The eligible worker with the lowest (placed + queued) / max_batch, then the lowest KV usage
     fraction, then the smallest worker id (so ties are deterministic)."""
 
-    capabilities = frozenset()
+    capabilities: frozenset[Capability] = frozenset()
 
     def route(self, request: QueuedRequest, workers: Sequence[WorkerView], now: float) -> str | None:
         candidates = eligible_workers(request, workers)

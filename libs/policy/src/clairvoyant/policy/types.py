@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from clairvoyant.contracts.v1 import common_pb2
+from clairvoyant.core.annotations import SysAnnotations
 from clairvoyant.core.app_metadata import AppMetadata
 
 
@@ -20,9 +20,7 @@ class QueuedRequest:
     prompt_tokens: int = 0  # an estimate; the worker tokenizes exactly
     max_tokens: int = 0
     app_metadata: AppMetadata | None = None  # None: the application sent no workflow ids
-    # The profiler's predictions, kept as the wire message: policies read the fields they know and
-    # new fields reach them without a change here.  None: un-annotated (reactive tier).
-    annotations: common_pb2.SysAnnotations | None = None
+    annotations: SysAnnotations | None = None  # the profiler's predictions; None: un-annotated
     exclude_workers: frozenset[str] = field(default_factory=frozenset)
     owner: str = ""  # who will use and release the placement (its lease's owner)
 

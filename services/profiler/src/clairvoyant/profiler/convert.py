@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from clairvoyant.contracts.v1 import common_pb2, profiler_pb2
+from clairvoyant.core.wire import annotations_to_proto
 from clairvoyant.profiler.core import Annotation, CallRecord, Tier, WorkflowProfile
+from clairvoyant.profiler.core.sys_annotations import sys_annotations as core_sys_annotations
 
 CONFIDENCE: dict[Tier, common_pb2.Confidence] = {
     Tier.NONE: common_pb2.CONFIDENCE_NONE,
@@ -54,23 +56,7 @@ def call_record(msg: common_pb2.CompletionRecord) -> KeyedRecord | None:
 
 
 def sys_annotations(annotation: Annotation) -> common_pb2.SysAnnotations:
-    out = common_pb2.SysAnnotations(
-        confidence=CONFIDENCE[annotation.confidence],
-        predicted_path_regex=annotation.path_expression,
-        next_agents=[common_pb2.NextAgent(agent_id=a, probability=p) for a, p in annotation.next_agents],
-        prompt_composition=annotation.next_prompt_template,
-    )
-    if annotation.output_len_p50 is not None and annotation.output_len_p99 is not None:
-        out.predicted_output_len.CopyFrom(
-            common_pb2.LengthInterval(p50=annotation.output_len_p50, p99=annotation.output_len_p99)
-        )
-    if annotation.expected_remaining_steps is not None:
-        out.expected_remaining_steps = annotation.expected_remaining_steps
-    if annotation.expected_remaining_time_s is not None:
-        out.expected_remaining_time_s = annotation.expected_remaining_time_s
-    if annotation.kairos_rank is not None:
-        out.kairos_rank = float(annotation.kairos_rank)
-    return out
+    return annotations_to_proto(core_sys_annotations(annotation))
 
 
 def workflow_profile(profile: WorkflowProfile, *, agents: bool = True) -> profiler_pb2.WorkflowProfile:

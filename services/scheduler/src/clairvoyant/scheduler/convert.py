@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from clairvoyant.contracts.v1 import common_pb2, scheduler_pb2, worker_pb2
+from clairvoyant.contracts.v1 import scheduler_pb2, worker_pb2
 from clairvoyant.core.errors import InvalidRequest
-from clairvoyant.core.wire import app_metadata_from_proto
+from clairvoyant.core.wire import annotations_from_proto, app_metadata_from_proto
 from clairvoyant.scheduler.core import Decision, QueuedRequest, SchedulerSnapshot, WorkerReport
 
 
@@ -14,10 +14,7 @@ def queued_request(msg: scheduler_pb2.ScheduleRequest, now: float) -> QueuedRequ
         raise InvalidRequest("request_id is required", param="request_id")
     if not msg.model:
         raise InvalidRequest("model is required", param="model")
-    annotations = None
-    if msg.HasField("annotations"):
-        annotations = common_pb2.SysAnnotations()
-        annotations.CopyFrom(msg.annotations)  # a copy: the request message is not ours to keep
+    annotations = annotations_from_proto(msg.annotations) if msg.HasField("annotations") else None
     return QueuedRequest(
         request_id=msg.request_id,
         tenant=msg.tenant,
