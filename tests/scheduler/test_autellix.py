@@ -144,10 +144,14 @@ class _Lineage:
 class _Seq:
     """The fields of an engine Sequence the rule reads."""
 
-    def __init__(self, priority: float, workflow: str | None = None) -> None:
+    def __init__(
+        self, priority: float, workflow: str | None = None, wait_s: float = 0.0, service_s: float = 0.0
+    ) -> None:
         self.priority = priority
         self.num_output_tokens = 0
         self.lineage = None if workflow is None else _Lineage("t", workflow)
+        self.program_wait_s = wait_s  # the placement's, as the worker gets them
+        self.program_service_s = service_s
 
 
 def test_queue_boundaries_and_quanta_default_to_the_queue_widths() -> None:
@@ -192,7 +196,7 @@ def test_beta_promotes_a_starving_call_to_q1_and_resets_only_the_calls_own_times
     assert rule.effective_priority(seq, 5.0) == -1.0  # ran 2 since: Q1's quantum spent, demoted
 
 
-def test_beta_counts_the_programs_waiting_and_service_from_the_process_table() -> None:
+def test_beta_counts_the_programs_waiting_and_service_that_the_placement_carries() -> None:
     sched = scheduler("autellix", ("w0", 4))
     serve(sched, call("a0"), 0.0, 4.0)
     serve(sched, call("a1"), 10.0, 2.0)
@@ -201,24 +205,28 @@ def test_beta_counts_the_programs_waiting_and_service_from_the_process_table() -
     assert sched.complete("a2", now=29.0, service_s=0.0)  # waited 19 for nothing
     program = sched.programs.get(("t", "w1"))
     assert program is not None and (program.waiting_s, program.service_s) == (19.0, 6.0)
+    sched.submit(call("a3", arrival=29.0), 29.0)
+    (decision,) = sched.dispatch(29.0)
+    assert (decision.program_wait_s, decision.program_service_s) == (19.0, 6.0)  # what the worker gets
     config = KQueueConfig(boundaries=(2.0, 3.0), beta=2.0)
-    shared, alone = KQueueRule(config, sched.programs), KQueueRule(config)
     promoted_at = {}
-    for name, rule in (("shared", shared), ("alone", alone)):
-        seq = _Seq(-2.0, "w1")  # Q3; runs for 1 unit, then waits
+    for name, attained in (("placed", decision), ("alone", None)):
+        rule = KQueueRule(config)
+        wait, service = (attained.program_wait_s, attained.program_service_s) if attained else (0.0, 0.0)
+        seq = _Seq(-2.0, "w1", wait, service)  # Q3; runs for 1 unit, then waits
         rule.effective_priority(seq, 0.0)
         seq.num_output_tokens = 1
         for now in range(1, 8):
             if rule.effective_priority(seq, float(now)) == 0.0:
                 promoted_at[name] = now
                 break
-    # alone: W_c / T_c = 2 / 1 at t=3.  shared: the program's debt, (19 + 0) / (6 + 1) >= 2, at t=1.
-    assert promoted_at == {"alone": 3, "shared": 1}
-    program.waiting_s = 0.0  # a program that never waited: (0 + W_c) / 7 >= 2 needs W_c = 14
-    seq = _Seq(-2.0, "w1")
-    shared.effective_priority(seq, 0.0)
+    # alone: W_c / T_c = 2 / 1 at t=3.  placed: the program's debt, (19 + 0) / (6 + 1) >= 2, at t=1.
+    assert promoted_at == {"alone": 3, "placed": 1}
+    rule = KQueueRule(config)
+    seq = _Seq(-2.0, "w1", wait_s=0.0, service_s=6.0)  # never waited: (0 + W_c) / 7 >= 2 needs W_c = 14
+    rule.effective_priority(seq, 0.0)
     seq.num_output_tokens = 1
-    assert [shared.effective_priority(seq, float(now)) for now in (1, 3, 14, 15)] == [-2.0, -2.0, -2.0, 0.0]
+    assert [rule.effective_priority(seq, float(now)) for now in (1, 3, 14, 15)] == [-2.0, -2.0, -2.0, 0.0]
 
 
 # ---- the load balancer (Alg. 2) -----------------------------------------------------------------

@@ -17,8 +17,8 @@ boundary.  Results equal the step-by-step ones (a test runs both), at a fraction
 
 Program-level policies learn what a live scheduler would: each completion carries the call's model
 execution time (the steps it was in a batch), a workflow's end closes its process-table entry, and
-a preset with an engine-side rule (Autellix's K queues) gets one rule per replica, sharing the
-scheduler's process table.  With an ``annotator`` (annotations.py), each call is submitted with the
+a preset with an engine-side rule (Autellix's K queues) gets one rule per replica, which reads what
+a live worker's rule reads: the call's placement (its priority and its program's attainment).  With an ``annotator`` (annotations.py), each call is submitted with the
 annotations it returns when the call becomes ready, and learns of each call that finishes.
 
 KV migration (``migrate_kv``, on by default): a placement whose ``Decision.kv_source`` names another
@@ -53,6 +53,7 @@ from clairvoyant.bench.sim.lower_bound import ServiceTime, lower_bound
 from clairvoyant.bench.sim.prompts import PromptBook
 from clairvoyant.bench.workloads.program import Call, WorkflowProgram
 from clairvoyant.core.app_metadata import AppMetadata
+from clairvoyant.core.errors import InvalidRequest
 from clairvoyant.scheduler.core import Decision, GlobalScheduler, QueuedRequest, WorkerReport
 from clairvoyant.scheduler.core.migration import worth_moving
 from clairvoyant.worker.core.engine import DecodeRun, EngineConfig, EngineRequest, LLMEngine, RequestOutput
@@ -308,22 +309,22 @@ class Simulator:
             record.worker_id, record.dispatch_time = replica.worker_id, now
             migration = self._migration(decision, record.workflow_id) if self.migrate_kv else None
             if migration is None:
-                self._start(replica, record, decision.base_priority)
+                self._start(replica, record, decision)
             else:
                 prefix, end = migration
-                start = partial(self._migrated, replica, record, decision.base_priority, prefix)
+                start = partial(self._migrated, replica, record, decision, prefix)
                 self.events.at(end, Phase.READY, start)
         if decisions or self._submitted:  # nothing else changes a queue's depth
             self._record_depths(now)
 
-    def _start(self, replica: _Replica, record: CallRecord, priority: float) -> None:
+    def _start(self, replica: _Replica, record: CallRecord, decision: Decision) -> None:
         """Hand a placed call to its replica's engine (or record the replica's refusal)."""
         program = self._programs[record.workflow_id]
         call = program.call(record.call_id)
         now = self.events.now
         try:
-            self._add_request(replica, program, call, priority)
-        except ValueError as exc:  # what a live worker answers with INVALID_ARGUMENT
+            self._add_request(replica, program, call, decision)
+        except (ValueError, InvalidRequest) as exc:  # what a live worker answers with INVALID_ARGUMENT
             self._reject(record, str(exc), now)
             return
         self._outputs[call.call_id] = []
@@ -367,7 +368,7 @@ class Simulator:
         cached = len(kv.cache.peek(TENANT, prefix.token_ids, blocks))
         return (blocks - cached) * kv.block_size
 
-    def _migrated(self, replica: _Replica, record: CallRecord, priority: float, prefix: KvPrefix) -> None:
+    def _migrated(self, replica: _Replica, record: CallRecord, decision: Decision, prefix: KvPrefix) -> None:
         """The transfer is done: the prefix joins the replica's cache (unless its pool is full
         then: the call recomputes), and the call starts."""
         if replica.run is None:
@@ -375,17 +376,20 @@ class Simulator:
         else:  # step by step, the step in flight has cached its blocks already: import after it
             self._cut(replica, replica.run, self.events.now)
             replica.imports.append(prefix)
-        self._start(replica, record, priority)
+        self._start(replica, record, decision)
 
-    def _add_request(self, replica: _Replica, program: WorkflowProgram, call: Call, priority: float) -> None:
+    def _add_request(self, replica: _Replica, program: WorkflowProgram, call: Call, decision: Decision) -> None:
+        """The call as a live worker gets it: the placement's priority and its program's attainment."""
         replica.engine.add_request(
             EngineRequest(
                 request_id=call.call_id,
                 prompt_token_ids=self.prompts.prompt(program.workflow_type, call),
                 sampling=SamplingParams(max_tokens=call.output_tokens, temperature=0.0, ignore_eos=True),
-                priority=priority,
+                priority=decision.base_priority,
                 lineage=Lineage(TENANT, program.workflow_id, call.agent_id, call.call_id),
                 detokenize=False,
+                program_wait_s=decision.program_wait_s,
+                program_service_s=decision.program_service_s,
             )
         )
 

@@ -159,12 +159,12 @@ class KQueueRule:
     Readings: time between two steps counts as model time for a call whose output grew (it was
     in the batch) and as waiting otherwise, so a call mid chunked prefill counts as waiting;
     demotion resets the quantum to the new queue's (line 22); promotion puts the call in Q_1 and
-    zeroes only its own W_c and T_c (line 29).  W_p and T_p come from the process table when the
-    engine shares it (the simulator); without it they are 0 and beta sees the call alone.
+    zeroes only its own W_c and T_c (line 29).  W_p and T_p are the program's completed calls'
+    waiting and service time when the call was placed, which the placement carries to the engine
+    (``program_wait_s``, ``program_service_s``), live and simulated alike.
     """
 
     config: KQueueConfig
-    programs: ProcessTable | None = None
     _calls: weakref.WeakKeyDictionary[EngineSequence, _CallState] = field(
         default_factory=weakref.WeakKeyDictionary, init=False, repr=False
     )
@@ -203,12 +203,8 @@ class KQueueRule:
     def _starving(self, seq: EngineSequence, state: _CallState) -> bool:
         if math.isinf(self.config.beta):
             return False
-        wait, service = state.wait_s, state.model_s
-        lineage = seq.lineage
-        if self.programs is not None and lineage is not None and lineage.workflow_id is not None:
-            program = self.programs.get((lineage.tenant, lineage.workflow_id))
-            if program is not None:
-                wait, service = wait + program.waiting_s, service + program.service_s
+        wait = state.wait_s + seq.program_wait_s
+        service = state.model_s + seq.program_service_s
         if wait <= 0:
             return False
         return service <= 0 or wait / service >= self.config.beta
@@ -247,7 +243,7 @@ class KQueuePriority(AtlasPriority):
         return not self.atlas
 
     def engine_rule(self) -> LocalRule:
-        return KQueueRule(self.config, self.programs)
+        return KQueueRule(self.config)
 
 
 @ROUTING_POLICIES.register("least-used")

@@ -121,6 +121,10 @@ class EngineSequence(Protocol):
     def num_output_tokens(self) -> int: ...
     @property
     def lineage(self) -> _Lineage | None: ...
+    @property
+    def program_wait_s(self) -> float: ...  # the program's, at the placement (Decision)
+    @property
+    def program_service_s(self) -> float: ...
 
 
 class _Lineage(Protocol):

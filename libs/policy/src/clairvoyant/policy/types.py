@@ -101,6 +101,10 @@ class Decision(NamedTuple):
     # The worker holding the KV of the request's session, to move to ``worker`` before the call
     # runs there (a ``MigratesKv`` routing policy's answer: SAGA's stolen sessions); None: no move.
     kv_source: str | None = None
+    # The request's program as the process table had it at this placement: its completed calls'
+    # waiting and service time (0 without a program).  Placements carry them to the engine rules.
+    program_wait_s: float = 0.0
+    program_service_s: float = 0.0
 
     @property
     def worker_id(self) -> str:

@@ -165,6 +165,8 @@ class Pipeline:
         msg.CopyFrom(generate_msg)
         msg.base_priority = placement.base_priority
         msg.scheduler_preset = placement.preset
+        msg.program_wait_s = placement.program_wait_s
+        msg.program_service_s = placement.program_service_s
         scheduled_time = self.now()
         attempt_span = _tracer.start_span("gateway.generate", attributes={"cv.worker_id": placement.worker_id})
         with trace.use_span(attempt_span, end_on_exit=False):  # the worker's span joins this trace

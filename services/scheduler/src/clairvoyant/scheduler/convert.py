@@ -60,6 +60,8 @@ def placement(decision: Decision, preset: str = "", lease_s: float = 0.0) -> sch
         queue_wait_s=decision.queue_wait_s,
         preset=preset,
         lease_s=lease_s,
+        program_wait_s=decision.program_wait_s,
+        program_service_s=decision.program_service_s,
     )
 
 

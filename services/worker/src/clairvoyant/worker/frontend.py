@@ -100,6 +100,8 @@ class WorkerFrontend:
         priority: float = 0.0,
         lineage: Lineage | None = None,
         scheduler_preset: str = "",
+        program_wait_s: float = 0.0,
+        program_service_s: float = 0.0,
     ) -> EngineRequest:
         """Checks the context window, then builds the engine request.  Raises InvalidRequest."""
         if not prompt_ids:
@@ -112,6 +114,8 @@ class WorkerFrontend:
             priority=priority,
             lineage=lineage,
             scheduler_preset=scheduler_preset,
+            program_wait_s=program_wait_s,
+            program_service_s=program_service_s,
         )
 
     def default_max_tokens(self, prompt_len: int) -> int:

@@ -91,6 +91,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     priority=request.base_priority,
                     lineage=lineage(request.tenant, request.app_metadata, request_id),
                     scheduler_preset=request.scheduler_preset,
+                    program_wait_s=request.program_wait_s,
+                    program_service_s=request.program_service_s,
                 )
             except ClairvoyantError as err:
                 await abort(context, err)

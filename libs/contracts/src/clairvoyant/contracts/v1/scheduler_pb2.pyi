@@ -30,7 +30,7 @@ class ScheduleRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model: _Optional[str] = ..., app_metadata: _Optional[_Union[_common_pb2.AppMetadata, _Mapping]] = ..., annotations: _Optional[_Union[_common_pb2.SysAnnotations, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., exclude_workers: _Optional[_Iterable[str]] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class Placement(_message.Message):
-    __slots__ = ("request_id", "worker_id", "worker_address", "base_priority", "queue_wait_s", "cache_hints", "preset", "lease_s")
+    __slots__ = ("request_id", "worker_id", "worker_address", "base_priority", "queue_wait_s", "cache_hints", "preset", "lease_s", "program_wait_s", "program_service_s")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,8 @@ class Placement(_message.Message):
     CACHE_HINTS_FIELD_NUMBER: _ClassVar[int]
     PRESET_FIELD_NUMBER: _ClassVar[int]
     LEASE_S_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_SERVICE_S_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     worker_id: str
     worker_address: str
@@ -47,7 +49,9 @@ class Placement(_message.Message):
     cache_hints: _containers.RepeatedScalarFieldContainer[str]
     preset: str
     lease_s: float
-    def __init__(self, request_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., worker_address: _Optional[str] = ..., base_priority: _Optional[float] = ..., queue_wait_s: _Optional[float] = ..., cache_hints: _Optional[_Iterable[str]] = ..., preset: _Optional[str] = ..., lease_s: _Optional[float] = ...) -> None: ...
+    program_wait_s: float
+    program_service_s: float
+    def __init__(self, request_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., worker_address: _Optional[str] = ..., base_priority: _Optional[float] = ..., queue_wait_s: _Optional[float] = ..., cache_hints: _Optional[_Iterable[str]] = ..., preset: _Optional[str] = ..., lease_s: _Optional[float] = ..., program_wait_s: _Optional[float] = ..., program_service_s: _Optional[float] = ...) -> None: ...
 
 class CompleteRequest(_message.Message):
     __slots__ = ("request_id", "worker_id", "status")

@@ -21,7 +21,7 @@ class ChatMessages(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[_common_pb2.ChatMessage, _Mapping]]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "model", "chat", "prompt", "token_ids", "sampling", "tenant", "app_metadata", "annotations", "base_priority", "scheduler_preset")
+    __slots__ = ("request_id", "model", "chat", "prompt", "token_ids", "sampling", "tenant", "app_metadata", "annotations", "base_priority", "scheduler_preset", "program_wait_s", "program_service_s")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     CHAT_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,8 @@ class GenerateRequest(_message.Message):
     ANNOTATIONS_FIELD_NUMBER: _ClassVar[int]
     BASE_PRIORITY_FIELD_NUMBER: _ClassVar[int]
     SCHEDULER_PRESET_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_SERVICE_S_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     chat: ChatMessages
@@ -44,7 +46,9 @@ class GenerateRequest(_message.Message):
     annotations: _common_pb2.SysAnnotations
     base_priority: float
     scheduler_preset: str
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., tenant: _Optional[str] = ..., app_metadata: _Optional[_Union[_common_pb2.AppMetadata, _Mapping]] = ..., annotations: _Optional[_Union[_common_pb2.SysAnnotations, _Mapping]] = ..., base_priority: _Optional[float] = ..., scheduler_preset: _Optional[str] = ...) -> None: ...
+    program_wait_s: float
+    program_service_s: float
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., tenant: _Optional[str] = ..., app_metadata: _Optional[_Union[_common_pb2.AppMetadata, _Mapping]] = ..., annotations: _Optional[_Union[_common_pb2.SysAnnotations, _Mapping]] = ..., base_priority: _Optional[float] = ..., scheduler_preset: _Optional[str] = ..., program_wait_s: _Optional[float] = ..., program_service_s: _Optional[float] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("request_id", "text", "token_ids", "finish_reason", "usage", "prompt_tokens", "prompt_block_hashes", "response_block_hashes")

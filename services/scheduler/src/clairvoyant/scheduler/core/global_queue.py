@@ -328,7 +328,9 @@ class GlobalScheduler:
                 self._placed_on.setdefault(worker_id, {})[request.request_id] = request
                 kv_source = None if self._migrating is None else self._migrating.kv_source(request, worker_id)
                 wait = now - request.arrival_time
-                decisions.append(Decision(request.request_id, worker, priority, wait, kv_source))
+                program = self.programs.get(program_key(request))
+                attained = (program.waiting_s, program.service_s) if program is not None else (0.0, 0.0)
+                decisions.append(Decision(request.request_id, worker, priority, wait, kv_source, *attained))
         return decisions
 
     def _rank_incrementally(self, model: str, queue: dict[str, QueuedRequest], now: float) -> list[_Entry]:

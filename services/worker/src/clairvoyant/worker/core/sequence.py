@@ -43,6 +43,8 @@ class Sequence:
         self.request_id = request.request_id
         self.params: SamplingParams = request.sampling
         self.priority = request.priority
+        self.program_wait_s = request.program_wait_s
+        self.program_service_s = request.program_service_s
         self.lineage: Lineage | None = request.lineage
         # The tags of the blocks this sequence caches (prompt blocks, response blocks): one object
         # each, shared by every block (tags are immutable).

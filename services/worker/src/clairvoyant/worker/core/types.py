@@ -36,6 +36,9 @@ class EngineRequest:
     arrival_time: float | None = None  # engine clock time; None = "now" at add_request
     detokenize: bool = True  # False: outputs carry token ids only, no text (the simulator); no stop strings
     scheduler_preset: str = ""  # the preset that placed it; the engine ranks with its rule ("" keeps the rule)
+    # Its program's completed calls' waiting and service time at the placement (engine rules read them)
+    program_wait_s: float = 0.0
+    program_service_s: float = 0.0
 
 
 @dataclass
