@@ -194,4 +194,3 @@ class FullQueues:
             return None
         metrics.BUSY_REFUSALS.labels("queue_full_held").inc()
         return QueueFull(refusal.message, code=refusal.code, retry_after_s=refusal.retry_after_s)
-
