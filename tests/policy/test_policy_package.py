@@ -74,7 +74,9 @@ def test_every_registered_policy_declares_exactly_its_hooks(preset: str) -> None
     for policy in (priority, routing):
         check_capabilities(type(policy))
         for capability in Capability:
-            assert (capability in capabilities_of(policy)) == callable(getattr(policy, capability.value, None))
+            assert (capability in capabilities_of(policy)) == callable(
+                getattr(policy, capability.value, None)
+            )
 
 
 def test_a_preset_names_one_member_of_each_family_and_must_name_registered_ones() -> None:
@@ -132,3 +134,41 @@ def test_static_scaling_keeps_the_replicas_it_has() -> None:
     decision = build_scaling_policy("saga").tick(state, now=10.0)
     assert decision.targets == {"llama-8b": 2, "qwen-32b": 0}
     assert decision.drain == ()
+
+
+def test_the_architecture_docs_worked_example_registers_and_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/architecture.md's "Adding a policy" code, run as written against fresh registries."""
+    import re
+    from pathlib import Path
+
+    from clairvoyant.core.annotations import LengthInterval, SysAnnotations
+    from clairvoyant.policy import presets as presets_module
+    from clairvoyant.policy import scheduling
+    from clairvoyant.policy.types import QueuedRequest, WorkerReport
+    from clairvoyant.scheduler.core import GlobalScheduler
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
+    code = re.search(r"```python\n(# libs/policy/src/clairvoyant/policy/shortest.py\n.*?)```", doc, re.S)
+    assert code is not None, "the worked example is gone from docs/architecture.md"
+    priorities: PolicyRegistry[object] = PolicyRegistry("priority policy")
+    for name in scheduling.PRIORITY_POLICIES.names():
+        priorities.register(name)(scheduling.PRIORITY_POLICIES.factory(name))
+    fresh_presets = PresetRegistry("preset")
+    monkeypatch.setattr(scheduling, "PRIORITY_POLICIES", priorities)
+    monkeypatch.setattr(presets_module, "PRIORITY_POLICIES", priorities)
+    monkeypatch.setattr(presets_module, "PRESETS", fresh_presets)
+    exec(compile(code.group(1), "architecture.md", "exec"), {})  # noqa: S102 - the doc's own code
+
+    assert fresh_presets.create("shortest") == Preset("shortest-output", "least-loaded", "lru", "static")
+    policy = priorities.create("shortest-output")
+    sched = GlobalScheduler(policy, ROUTING_POLICIES.create("least-loaded"))
+    sched.update_worker(WorkerReport("w0", "m", "w0:1", max_batch=1), 0.0)
+    for rid, p50 in (("long", 900.0), ("none", None), ("short", 20.0)):
+        ann = SysAnnotations(predicted_output_len=LengthInterval(p50, p50)) if p50 is not None else None
+        sched.submit(QueuedRequest(rid, "t", "m", 0.0, annotations=ann), 0.0)
+    order = []
+    for now in (1.0, 2.0, 3.0):
+        (placed,) = sched.dispatch(now)
+        order.append(placed.request_id)
+        sched.complete(placed.request_id, now=now)
+    assert order == ["short", "long", "none"]
