@@ -27,10 +27,16 @@ app = typer.Typer(
 
 
 def _settings(**overrides: Any) -> ProfilerSettings:
+    """The settings from CV_* variables; exits with one paragraph (no traceback) when they are bad."""
     try:
         return ProfilerSettings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as err:  # a bad CV_* value: say which, without a traceback
-        sys.exit(f"invalid profiler settings:\n{err}")
+        for error in err.errors():
+            if error["loc"] == ("database_url",):  # the same paragraph as a database that refuses
+                from clairvoyant.profiler.persistence import describe_database_error
+
+                sys.exit(f"error: {describe_database_error(error['input'], error['ctx']['error'])}")
+        sys.exit(f"invalid profiler settings:\n{err}")  # values are hidden (hide_input_in_errors)
 
 
 @app.callback(invoke_without_command=True)
@@ -47,12 +53,16 @@ def serve(
     from clairvoyant.core.logs import setup_logging
     from clairvoyant.core.metrics import serve_metrics
     from clairvoyant.core.telemetry import setup_tracing
+    from clairvoyant.profiler.persistence import DatabaseUnavailable
 
     settings = _settings(profiler_port=port)
     setup_logging("profiler", settings.log_level, settings.log_json)
     setup_tracing("profiler")
     serve_metrics(settings.host, settings.metrics_port)
-    asyncio.run(_serve(settings))
+    try:
+        asyncio.run(_serve(settings))
+    except DatabaseUnavailable as err:  # raised by start, before anything is served: one paragraph
+        sys.exit(f"error: {err}")
 
 
 async def _serve(settings: ProfilerSettings) -> None:
@@ -85,13 +95,21 @@ def show(
     """Print a stored profile: path expression, tier, instances, per-agent table; optionally a drawing."""
     from rich.console import Console
 
-    from clairvoyant.profiler.persistence import ProfileRepository
+    from clairvoyant.profiler.persistence import DatabaseUnavailable, ProfileRepository
     from clairvoyant.profiler.show import draw_automaton, print_profile
 
     console = Console()
     settings = _settings()
     # Log entries not yet in a snapshot are replayed with the service's learning settings.
-    repository = ProfileRepository(database_url or settings.database_url, config=settings.profile_config())
+    try:
+        repository = ProfileRepository(
+            database_url or settings.database_url,
+            config=settings.profile_config(),
+            setting="--database-url" if database_url else "CV_DATABASE_URL",
+        )
+    except DatabaseUnavailable as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(1) from None
     try:
         profile = repository.load(tenant, workflow_type)
         known = [p.workflow_type_id for p in repository.list(tenant)] if profile is None else []

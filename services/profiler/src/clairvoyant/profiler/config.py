@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from clairvoyant.core.config import ServiceSettings
 from clairvoyant.profiler.core import ConfidenceConfig, ProfileConfig, SynthesisConfig
@@ -44,7 +45,10 @@ class ProfilerSettings(ServiceSettings):
     @field_validator("database_url")
     @classmethod
     def _parsable_url(cls, value: str) -> str:
-        make_url(value)  # fail at start on a malformed URL, not at the first write
+        try:  # fail at start on a malformed URL, not at the first write
+            make_url(value)
+        except ArgumentError as exc:  # a ValueError is what pydantic turns into a ValidationError
+            raise ValueError(str(exc)) from None
         return value
 
     def profile_config(self) -> ProfileConfig:

@@ -171,8 +171,8 @@ class Restored(NamedTuple):
 
 class DatabaseUnavailable(RuntimeError):
     """The profile database cannot be used: its URL does not parse, names a driver that is not
-    installed, or leads to a server that refuses.  The message is one paragraph naming
-    ``CV_DATABASE_URL``, with the URL's password masked."""
+    installed, or leads to a server that refuses.  The message is one paragraph naming the setting
+    (``CV_DATABASE_URL`` unless the caller says otherwise), with the URL's password masked."""
 
 
 def describe_database_error(database_url: str, exc: BaseException, setting: str = "CV_DATABASE_URL") -> str:
@@ -185,14 +185,6 @@ def describe_database_error(database_url: str, exc: BaseException, setting: str 
         f"cannot use the profile database {setting}={mask_url(database_url)}: {cause}{stop}  Set {setting} "
         "to a SQLAlchemy URL such as sqlite:///var/profiler.db or postgresql://user:password@host:5432/db"
     )
-
-
-def _unavailable(database_url: str, exc: BaseException) -> DatabaseUnavailable:
-    """The error to raise, logged first: the service's log (JSON in production) gets the paragraph
-    on one line whatever the command line prints around the exception."""
-    message = describe_database_error(database_url, exc)
-    logger.error("%s", message)
-    return DatabaseUnavailable(message)
 
 
 def make_engine(database_url: str) -> Engine:
@@ -249,19 +241,27 @@ class ProfileRepository:
     ``config``: the model settings of a profile that has log entries but no snapshot yet (the
     service passes its own; a profile with a snapshot keeps the config stored in it)."""
 
-    def __init__(self, database_url: str, *, migrate: bool = True, config: ProfileConfig | None = None) -> None:
-        """Raises DatabaseUnavailable when ``database_url`` cannot be used (see its docstring)."""
+    def __init__(
+        self,
+        database_url: str,
+        *,
+        migrate: bool = True,
+        config: ProfileConfig | None = None,
+        setting: str = "CV_DATABASE_URL",
+    ) -> None:
+        """Raises DatabaseUnavailable, naming ``setting`` (where the URL came from), when
+        ``database_url`` cannot be used.  The caller reports it: serve and show print it and exit."""
         try:
             self.engine = make_engine(database_url)
-        except (ArgumentError, ImportError, OSError) as exc:  # unparsable, no such driver, no directory
-            raise _unavailable(database_url, exc) from None
+        except (ArgumentError, ImportError, ValueError, OSError) as exc:  # unparsable, no driver, no directory
+            raise DatabaseUnavailable(describe_database_error(database_url, exc, setting)) from None
         self.config = config or ProfileConfig()
         if migrate:
             try:
                 upgrade(self.engine)
             except SQLAlchemyError as exc:
                 self.engine.dispose()
-                raise _unavailable(database_url, exc) from None
+                raise DatabaseUnavailable(describe_database_error(database_url, exc, setting)) from None
         insert = postgresql.insert if self.engine.dialect.name == "postgresql" else sqlite.insert
         # Insert-or-ignore on the request id: a record logged before (a redelivery) is skipped.
         self._append: Insert = insert(LogRow).on_conflict_do_nothing(index_elements=["request_id"])
