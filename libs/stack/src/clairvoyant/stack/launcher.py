@@ -35,7 +35,7 @@ from clairvoyant.contracts.v1 import scheduler_pb2, scheduler_pb2_grpc
 from clairvoyant.core.config import ServiceSettings
 from clairvoyant.core.grpcutil import GrpcTls, sync_channel
 from clairvoyant.core.logs import mask_url, setup_logging
-from clairvoyant.stack.natsserver import NatsServer, free_port, free_ports, port_open
+from clairvoyant.stack.natsserver import NatsServer, can_bind, free_port, free_ports, port_open
 
 logger = logging.getLogger("clairvoyant.stack")
 
@@ -43,7 +43,9 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
 def _pick(port: int, what: str) -> int:
-    if not port_open("127.0.0.1", port):
+    """``port`` when a service could bind it, else a free one.  Not "nothing listens": a default
+    port inside the kernel's ephemeral range may be held by an outgoing connection."""
+    if can_bind("127.0.0.1", port):
         return port
     chosen = free_port()
     logger.info("port %d (%s) is taken; using %d", port, what, chosen)

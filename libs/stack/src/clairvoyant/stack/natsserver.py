@@ -60,6 +60,11 @@ def _kernel_port(host: str) -> int:
         return int(sock.getsockname()[1])
 
 
+def can_bind(host: str, port: int) -> bool:
+    """Whether a server could bind ``port`` now (nothing listens on it, and no socket holds it)."""
+    return _can_bind(host, port)
+
+
 def _can_bind(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
