@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import grpc
+import openai
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clairvoyant.contracts.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from clairvoyant.core.errors import QueueFull
 from clairvoyant.core.grpc_errors import ERROR_TRAILER
 from clairvoyant.gateway.cli import create_key
+from clairvoyant.gateway.ratelimit import FullQueues, RateLimiter
 from tests.gateway.conftest import Stack, StackFactory
-from tests.gateway.fakes import MODEL, FakeWorker
+from tests.gateway.fakes import MODEL, FakeProfiler, FakeWorker
+from tests.gateway.test_rate_limits import Clock
 
 pytestmark = pytest.mark.integration
 
@@ -109,3 +113,77 @@ async def test_unauthenticated(make_stack: StackFactory, tmp_path) -> None:
         assert reply.content == "Hello, world!"
     assert (await stack.records.next()).tenant == "acme"
     assert len(stack.scheduler.schedule_calls) == 1
+
+
+async def test_rate_limits_apply_over_grpc_and_share_the_keys_budget_with_http(
+    make_stack: StackFactory, tmp_path
+) -> None:
+    url = f"sqlite:///{tmp_path / 'keys.db'}"
+    key, _ = create_key(url, "acme", rpm=2)
+    stack = await make_stack(database_url=url, rate_limit_rpm=0)
+    clock = Clock()
+    stack.server.frontend.auth.limiter = RateLimiter(clock)  # time stands still: exact budgets
+    auth = (("authorization", f"Bearer {key}"),)
+    async with grpc.aio.insecure_channel(stack.grpc_address) as channel:
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        call = stub.ChatCompletion(request(), metadata=auth)
+        assert (await call).content == "Hello, world!"
+        limits = dict(await call.initial_metadata())
+        assert (limits["x-ratelimit-limit-requests"], limits["x-ratelimit-remaining-requests"]) == ("2", "1")
+        stream = stub.ChatCompletionStream(request(), metadata=auth)
+        assert "".join([c.delta async for c in stream]) == "Hello, world!"
+        assert dict(await stream.initial_metadata())["x-ratelimit-remaining-requests"] == "0"
+
+        with pytest.raises(grpc.aio.AioRpcError) as unary:
+            await stub.ChatCompletion(request(), metadata=auth)
+        with pytest.raises(grpc.aio.AioRpcError) as streamed:
+            [c async for c in stub.ChatCompletionStream(request(), metadata=auth)]
+        for caught in (unary, streamed):
+            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            error = detail(caught.value)
+            assert (error.code, error.type, error.retry_after_s) == ("rate_limit_exceeded", "requests", 30.0)
+            assert error.message == (
+                "rate limit reached on requests per minute: limit 2, used 2, requested 1; retry in 30s"
+            )
+        assert len(stack.scheduler.schedule_calls) == 2  # the refusals never reached the scheduler
+
+        # One budget per key, whichever edge spends it.
+        with pytest.raises(openai.RateLimitError):
+            await stack.openai(api_key=key).chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}]
+            )
+        clock.now += 30.0  # one request refilled
+        assert (await stub.ChatCompletion(request(), metadata=auth)).content == "Hello, world!"
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.ChatCompletion(request(), metadata=auth)
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert len(stack.scheduler.schedule_calls) == 3
+
+
+async def test_a_full_queue_is_held_over_grpc_too(make_stack: StackFactory) -> None:
+    profiler = FakeProfiler()  # the pipeline's first call out: a held call must not get that far
+    stack = await make_stack(profiler=profiler)
+    clock = Clock()
+    stack.server.frontend.scheduler.full_queues = FullQueues(hold_s=0.25, now=clock)
+    stack.scheduler.reject = QueueFull(
+        f"the queue for model {MODEL!r} is full (1024 requests)", retry_after_s=2.0
+    )
+    async with grpc.aio.insecure_channel(stack.grpc_address) as channel:
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        details = []
+        for _ in range(2):  # the scheduler's refusal, then the gateway's own within the hold
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.ChatCompletion(request())
+            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            details.append(detail(caught.value))
+        assert details[0] == details[1]
+        assert (details[0].code, details[0].type, details[0].retry_after_s) == (
+            "queue_full",
+            "rate_limit_error",
+            2.0,
+        )
+        assert (len(profiler.calls), len(stack.scheduler.schedule_calls)) == (1, 1)
+        clock.now += 0.25  # the hold is over: the next call asks the scheduler again, and is served
+        stack.scheduler.reject = None
+        assert (await stub.ChatCompletion(request())).content == "Hello, world!"
+    assert (len(profiler.calls), len(stack.scheduler.schedule_calls)) == (2, 2)

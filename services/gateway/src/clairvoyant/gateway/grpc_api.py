@@ -1,7 +1,8 @@
 """The Gateway gRPC service: the same validation and pipeline as POST /v1/chat/completions.
 
 The request is turned into the JSON shape of the HTTP body and validated by the same pydantic
-model, so both edges accept and refuse exactly the same things.  The API key travels in the
+model, so both edges accept and refuse exactly the same things, and are admitted by the same
+``GatewayFrontend.admit`` (per-key rate limits, full-queue holds).  The API key travels in the
 metadata ``authorization: Bearer <key>``; errors end the call with the code of the error
 hierarchy and its ErrorDetail in the ``cv-error-bin`` trailer.
 """
@@ -60,12 +61,15 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     async def _admit(
         self, request: gateway_pb2.ChatCompletionRequest, context: grpc.aio.ServicerContext, stream: bool
     ) -> GenerationRequest:
+        """Authenticate, validate and admit a call, as POST /v1/chat/completions does.  Raises
+        ClairvoyantError: RateLimited or QueueFull (RESOURCE_EXHAUSTED) for a call refused as busy."""
         arrival = self.frontend.pipeline.now()
         metadata = dict(context.invocation_metadata() or ())
         authorization = metadata.get("authorization")
-        tenant = await self.frontend.auth.authenticate(authorization if isinstance(authorization, str) else None)
+        authorization = authorization if isinstance(authorization, str) else None
+        tenant = await self.frontend.auth.authenticate(authorization)
         body = validate_body(body_of(request, stream), ChatCompletionBody, self.frontend.settings.input_limits())
-        return to_request(
+        req = to_request(
             body,
             tenant=tenant,
             endpoint="grpc",
@@ -73,6 +77,12 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             arrival_time=arrival,
             max_tokens_limit=self.frontend.settings.max_tokens_limit,
         )
+        # Busy (a full queue, a rate limit) is refused here, before the pipeline spends anything;
+        # the key's x-ratelimit-* values go back as initial metadata, as headers do over HTTP.
+        limits = self.frontend.admit(authorization, req)
+        if limits:
+            await context.send_initial_metadata(tuple(limits.items()))
+        return req
 
     async def ChatCompletion(  # noqa: N802 - gRPC method name
         self, request: gateway_pb2.ChatCompletionRequest, context: grpc.aio.ServicerContext
