@@ -92,7 +92,7 @@ def test_lower_rank_first_then_earlier_workflow_start_and_unranked_is_fcfs() -> 
     sched.submit(call("new/1", "new", rank=1, arrival=4.0), 4.0)
     sched.submit(call("free", None, arrival=6.0), 6.0)  # no app_metadata, no rank
     sched.submit(call("plain", "p", arrival=3.0), 3.0)  # a program, but unranked
-    values = {rid: policy.priority(r, 9.0) for rid, r in sched._queues["m"].items()}
+    values = {r.request_id: policy.priority(r, 9.0) for r in sched.queued_requests("m")}
     assert values == {
         "old/0": -(4 * RANK_SPAN_S + 1.0),
         "new/0": -(4 * RANK_SPAN_S + 2.0),
@@ -348,6 +348,10 @@ def test_fig7_like_example_orders_the_policies_strictly() -> None:
     assert completions == [23, 20, 18, 17]  # average completion 7.67 > 6.67 > 6 > 5.67
 
 
+def view_of(sched: GlobalScheduler, worker_id: str) -> WorkerView:
+    return next(w for w in sched.workers() if w.worker_id == worker_id)
+
+
 def test_heartbeats_feed_the_preemption_suspension_through_the_scheduler() -> None:
     """The scheduler hands every heartbeat to the routing policy (OBSERVES_WORKERS): a rise in a
     worker's preemption count suspends it while it holds placements."""
@@ -365,10 +369,10 @@ def test_heartbeats_feed_the_preemption_suspension_through_the_scheduler() -> No
     (placed,) = sched.dispatch(0.0)
     busy = placed.worker.worker_id
     beat(busy, 2 if busy == "w0" else 0, 1.0)  # no rise: nothing happens
-    assert not router.suspended(sched._workers[busy], 1.0)
+    assert not router.suspended(view_of(sched, busy), 1.0)
     beat(busy, 7, 1.1)  # a rise: suspended for suspend_s
-    assert router.suspended(sched._workers[busy], 1.1 + router.config.suspend_s - 1e-6)
-    assert not router.suspended(sched._workers[busy], 1.1 + router.config.suspend_s)
+    assert router.suspended(view_of(sched, busy), 1.1 + router.config.suspend_s - 1e-6)
+    assert not router.suspended(view_of(sched, busy), 1.1 + router.config.suspend_s)
     sched.submit(QueuedRequest("b", "t", "m", 1.2, prompt_tokens=16, max_tokens=4), 1.2)
     (second,) = sched.dispatch(1.2)
     assert second.worker.worker_id != busy
