@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from clairvoyant.core.registry import Registry
-from clairvoyant.workloads import traces
 from clairvoyant.workloads.base import Workload
 from clairvoyant.workloads.generator import SpecWorkload
 from clairvoyant.workloads.mix import SEPARATOR, MixWorkload
+from clairvoyant.workloads.traces import TraceWorkload, chatdev, claude_code
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
 TRACE_WORKLOADS = ("chatdev", "claude_code")
@@ -34,7 +34,7 @@ def _spec_factory(path: Path) -> Callable[..., Workload]:
     return build
 
 
-def _trace_factory(load: Callable[..., traces.TraceWorkload]) -> Callable[..., Workload]:
+def _trace_factory(load: Callable[..., TraceWorkload]) -> Callable[..., Workload]:
     def build(
         models: Mapping[str, str] | str | None = None,
         data_dir: Path | None = None,
@@ -48,8 +48,8 @@ def _trace_factory(load: Callable[..., traces.TraceWorkload]) -> Callable[..., W
 
 for _path in sorted(BUILTIN_DIR.glob("*.yaml")):
     WORKLOADS.register(_path.stem)(_spec_factory(_path))
-WORKLOADS.register("chatdev")(_trace_factory(traces.chatdev))
-WORKLOADS.register("claude_code")(_trace_factory(traces.claude_code))
+WORKLOADS.register("chatdev")(_trace_factory(chatdev))
+WORKLOADS.register("claude_code")(_trace_factory(claude_code))
 
 
 def _mix_factory(name: str, components: tuple[str, ...]) -> Callable[..., Workload]:
