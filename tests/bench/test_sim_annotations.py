@@ -8,7 +8,7 @@ from typing import cast
 
 import pytest
 
-from clairvoyant.bench.records import CallRecord
+from clairvoyant.bench.records import CallResult
 from clairvoyant.bench.sim.annotations import OracleAnnotator, ProfilerAnnotator, warm_up
 from clairvoyant.bench.sim.lower_bound import UnitServiceTime
 from clairvoyant.bench.sim.simulator import ReplicaSpec, Simulator, SteppedRunner
@@ -90,7 +90,7 @@ class Recording:
         self.annotated.append((call.call_id, now))
         return self.inner.annotate(program, call, now)
 
-    def observe(self, program: WorkflowProgram, record: CallRecord, last: bool) -> None:
+    def observe(self, program: WorkflowProgram, record: CallResult, last: bool) -> None:
         self.observed.append((record.call_id, last))
         self.inner.observe(program, record, last)
 

@@ -6,7 +6,10 @@ from dataclasses import dataclass, field
 
 
 @dataclass
-class CallRecord:
+class CallResult:
+    """One call of a run, as it went: when it became ready, was placed, started and ended, and what
+    it was served (the bench's measurement, not the profiler's ``CallRecord`` input)."""
+
     call_id: str
     workflow_id: str
     workflow_type: str
@@ -49,7 +52,7 @@ class WorkflowRecord:
 
 @dataclass
 class RunRecords:
-    calls: list[CallRecord] = field(default_factory=list)
+    calls: list[CallResult] = field(default_factory=list)
     workflows: list[WorkflowRecord] = field(default_factory=list)
     queue_depth: list[tuple[float, str, int]] = field(default_factory=list)  # (time, model, depth) on change
     preemptions: int = 0

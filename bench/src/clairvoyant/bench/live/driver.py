@@ -10,7 +10,7 @@ and records what the client sees.  ``max_tokens`` plus ``ignore_eos`` make every
 exact; ``app_metadata`` (workflow type, workflow id, agent id, parent request ids, upstream agent,
 and ``workflow_end`` on a workflow's only sink) rides in ``extra_body``.
 
-What each ``CallRecord`` field means live (times are seconds since the run started):
+What each ``CallResult`` field means live (times are seconds since the run started):
 
 - ``ready_time``: the request was sent (its dependencies and their tools were done);
 - ``first_token_time`` / ``end_time``: the first text chunk / the end of the stream arrived;
@@ -33,7 +33,7 @@ import openai
 
 from clairvoyant.bench.live.cluster import LiveModeError
 from clairvoyant.bench.live.prompts import TextPrompts
-from clairvoyant.bench.records import CallRecord, RunRecords, WorkflowRecord
+from clairvoyant.bench.records import CallResult, RunRecords, WorkflowRecord
 from clairvoyant.bench.sim.lower_bound import ServiceTime, lower_bound
 from clairvoyant.workloads.program import Call, WorkflowProgram
 
@@ -155,7 +155,7 @@ class LiveDriver:
     async def _call(self, program: WorkflowProgram, call: Call, request_ids: Mapping[str, str], last: bool) -> str:
         """Send one call and record it; returns the gateway's request id."""
         text = self.prompts.prompt(program.workflow_type, call)
-        record = CallRecord(
+        record = CallResult(
             call.call_id, program.workflow_id, program.workflow_type, call.agent_id, call.model,
             call.prompt_tokens, call.output_tokens, self.now(), call.tool_latency_s,
         )  # fmt: skip
@@ -203,7 +203,7 @@ class LiveDriver:
         self.prompts.record_response(call.call_id, text_out)
         return response_id.removeprefix("cmpl-")
 
-    def _prefill_s(self, call: Call, record: CallRecord) -> float:
+    def _prefill_s(self, call: Call, record: CallResult) -> float:
         service = self.service_times.get(call.model)
         if service is None:
             return 0.0

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from clairvoyant.bench.records import CallRecord, RunRecords
+from clairvoyant.bench.records import CallResult, RunRecords
 from clairvoyant.bench.sim.lower_bound import ServiceTime, fresh_and_reused
 from clairvoyant.bench.sim.simulator import TENANT, ReplicaSpec, Simulator
 from clairvoyant.bench.workloads.program import Call, WorkflowProgram
@@ -33,7 +33,7 @@ class Annotator(Protocol):
         """The annotations of ``call``, which became ready at ``now`` (None: unannotated)."""
         ...
 
-    def observe(self, program: WorkflowProgram, record: CallRecord, last: bool) -> None:
+    def observe(self, program: WorkflowProgram, record: CallResult, last: bool) -> None:
         """``record`` finished (served or rejected; ``end_time`` set); ``last``: no call of its
         workflow is left unfinished."""
         ...
@@ -59,7 +59,7 @@ class ProfilerAnnotator:
         )
         return sys_annotations(annotation)
 
-    def observe(self, program: WorkflowProgram, record: CallRecord, last: bool) -> None:
+    def observe(self, program: WorkflowProgram, record: CallResult, last: bool) -> None:
         assert record.end_time is not None
         call = program.call(record.call_id)
         start, end = record.ready_time + self.time_offset, record.end_time + self.time_offset
@@ -164,7 +164,7 @@ class OracleAnnotator:
             expected_remaining_time_s=float(remaining_time_s) if remaining_time_s is not None else None,
         )
 
-    def observe(self, program: WorkflowProgram, record: CallRecord, last: bool) -> None:
+    def observe(self, program: WorkflowProgram, record: CallResult, last: bool) -> None:
         if last:
             self._truth.pop(program.workflow_id, None)
 

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from clairvoyant.bench.records import CallRecord, RunRecords, WorkflowRecord
+from clairvoyant.bench.records import CallResult, RunRecords, WorkflowRecord
 from clairvoyant.bench.sim.events import EventQueue, Phase
 from clairvoyant.bench.sim.lower_bound import ServiceTime, lower_bound
 from clairvoyant.bench.sim.prompts import PromptBook
@@ -171,7 +171,7 @@ class Simulator:
             replica.engine.scheduler.rule = self.scheduler.engine_rule()
         self.prompts = PromptBook(seed)
         self.records = RunRecords()
-        self._calls: dict[str, CallRecord] = {}
+        self._calls: dict[str, CallResult] = {}
         self._programs: dict[str, WorkflowProgram] = {}
         self._workflows: dict[str, WorkflowRecord] = {}
         self._waiting_on: dict[str, int] = {}  # call id -> unfinished dependencies
@@ -280,7 +280,7 @@ class Simulator:
 
     def _ready(self, program: WorkflowProgram, call: Call) -> None:
         now = self.events.now
-        self._calls[call.call_id] = CallRecord(
+        self._calls[call.call_id] = CallResult(
             call.call_id, program.workflow_id, program.workflow_type, call.agent_id, call.model,
             call.prompt_tokens, call.output_tokens, now, call.tool_latency_s,
         )  # fmt: skip
@@ -317,7 +317,7 @@ class Simulator:
         if decisions or self._submitted:  # nothing else changes a queue's depth
             self._record_depths(now)
 
-    def _start(self, replica: _Replica, record: CallRecord, decision: Decision) -> None:
+    def _start(self, replica: _Replica, record: CallResult, decision: Decision) -> None:
         """Hand a placed call to its replica's engine (or record the replica's refusal)."""
         program = self._programs[record.workflow_id]
         call = program.call(record.call_id)
@@ -368,7 +368,7 @@ class Simulator:
         cached = len(kv.cache.peek(TENANT, prefix.token_ids, blocks))
         return (blocks - cached) * kv.block_size
 
-    def _migrated(self, replica: _Replica, record: CallRecord, decision: Decision, prefix: KvPrefix) -> None:
+    def _migrated(self, replica: _Replica, record: CallResult, decision: Decision, prefix: KvPrefix) -> None:
         """The transfer is done: the prefix joins the replica's cache (unless its pool is full
         then: the call recomputes), and the call starts."""
         if replica.run is None:
@@ -393,7 +393,7 @@ class Simulator:
             )
         )
 
-    def _reject(self, record: CallRecord, reason: str, now: float) -> None:
+    def _reject(self, record: CallResult, reason: str, now: float) -> None:
         """A call the replica refused: it ends at once with no output and its workflow goes on, as an
         agent that gets an error and carries on would (without the tool call a reply would have led
         to).  Reports count it under ``rejected_calls``, apart from the served ``calls``."""
@@ -497,12 +497,12 @@ class Simulator:
         self._observe(record)
         self._release_dependents(self._programs[record.workflow_id], record, now + record.tool_latency_s)
 
-    def _observe(self, record: CallRecord) -> None:
+    def _observe(self, record: CallResult) -> None:
         if self.annotator is not None:
             last = self._remaining[record.workflow_id] == 1  # this call is its workflow's last one
             self.annotator.observe(self._programs[record.workflow_id], record, last)
 
-    def _release_dependents(self, program: WorkflowProgram, record: CallRecord, done_at: float) -> None:
+    def _release_dependents(self, program: WorkflowProgram, record: CallResult, done_at: float) -> None:
         for child_id in self._children[program.workflow_id][record.call_id]:
             self._waiting_on[child_id] -= 1
             if self._waiting_on[child_id] == 0:
