@@ -22,10 +22,10 @@ from typing import Protocol
 from clairvoyant.bench.records import CallResult, RunRecords
 from clairvoyant.bench.sim.lower_bound import ServiceTime, fresh_and_reused
 from clairvoyant.bench.sim.simulator import TENANT, ReplicaSpec, Simulator
-from clairvoyant.bench.workloads.program import Call, WorkflowProgram
 from clairvoyant.core.annotations import Confidence, LengthInterval, NextAgent, SysAnnotations
 from clairvoyant.profiler import core as profiler
 from clairvoyant.profiler.core.sys_annotations import sys_annotations
+from clairvoyant.workloads.program import Call, WorkflowProgram
 
 
 class Annotator(Protocol):

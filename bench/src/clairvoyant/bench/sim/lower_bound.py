@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from clairvoyant.bench.workloads.program import Call, WorkflowProgram
 from clairvoyant.worker.costmodel.roofline import BatchItem, CostModel
+from clairvoyant.workloads.program import Call, WorkflowProgram
 
 
 class ServiceTime(Protocol):

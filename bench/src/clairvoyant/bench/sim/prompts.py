@@ -12,7 +12,7 @@ import zlib
 
 import numpy as np
 
-from clairvoyant.bench.workloads.program import Call
+from clairvoyant.workloads.program import Call
 
 VOCAB = 256  # byte-level ids: every runner's tokenizer accepts them
 

@@ -51,7 +51,6 @@ from clairvoyant.bench.records import CallResult, RunRecords, WorkflowRecord
 from clairvoyant.bench.sim.events import EventQueue, Phase
 from clairvoyant.bench.sim.lower_bound import ServiceTime, lower_bound
 from clairvoyant.bench.sim.prompts import PromptBook
-from clairvoyant.bench.workloads.program import Call, WorkflowProgram
 from clairvoyant.core.app_metadata import AppMetadata
 from clairvoyant.core.errors import InvalidRequest
 from clairvoyant.scheduler.core import Decision, GlobalScheduler, QueuedRequest, WorkerReport
@@ -61,6 +60,7 @@ from clairvoyant.worker.core.kv_transfer import KvPrefix, export_prefix, import_
 from clairvoyant.worker.core.sampling import SamplingParams
 from clairvoyant.worker.core.types import Lineage
 from clairvoyant.worker.runners.base import EmulatesKvTransfer, ModelRunner
+from clairvoyant.workloads.program import Call, WorkflowProgram
 
 if TYPE_CHECKING:
     from clairvoyant.bench.sim.annotations import Annotator
