@@ -29,9 +29,9 @@ import numpy as np
 from clairvoyant.bench.arrivals import ClosedLoop, Poisson, parse_arrivals
 from clairvoyant.bench.metrics import jct_list, queue_depth_series, summarize
 from clairvoyant.bench.parallel import ProgressCallback, SimTask, run_tasks
-from clairvoyant.bench.sim.annotations import Annotator, OracleAnnotator, ProfilerAnnotator, warm_up
+from clairvoyant.bench.sim.annotations import OracleAnnotator, ProfilerAnnotator, warm_up
 from clairvoyant.bench.sim.lower_bound import RooflineServiceTime, ServiceTime
-from clairvoyant.bench.sim.simulator import ReplicaSpec, SimProgress, Simulator
+from clairvoyant.bench.sim.simulator import Annotator, ReplicaSpec, SimProgress, Simulator
 from clairvoyant.bench.workloads import Workload, get_workload
 from clairvoyant.worker.core.engine import EngineConfig
 from clairvoyant.worker.runners.emulated import EmulatedRunner

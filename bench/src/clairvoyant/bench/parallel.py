@@ -20,8 +20,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any, NamedTuple
 
-from clairvoyant.bench.sim.annotations import Annotator
-from clairvoyant.bench.sim.simulator import SimProgress
+from clairvoyant.bench.sim.simulator import Annotator, SimProgress
 
 ProgressCallback = Callable[[int, SimProgress], None]  # (run index, where it stands)
 ResultCallback = Callable[[int, dict[str, Any]], None]  # (run index, its result), as each ends

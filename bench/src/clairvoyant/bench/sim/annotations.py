@@ -1,5 +1,7 @@
 """Annotations in the simulator: what the profiler would attach to each call (``SysAnnotations``).
 
+The annotators here implement the simulator's ``Annotator`` protocol:
+
     call ready ──annotate──> QueuedRequest.annotations ──> scheduler policies
     call done  ──observe───> the annotator learns (ProfilerAnnotator) or forgets (OracleAnnotator)
 
@@ -17,26 +19,15 @@ A simulator without an annotator submits every call unannotated (the default; re
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol
 
 from clairvoyant.bench.records import CallResult, RunRecords
 from clairvoyant.bench.sim.lower_bound import ServiceTime, fresh_and_reused
-from clairvoyant.bench.sim.simulator import TENANT, ReplicaSpec, Simulator
+from clairvoyant.bench.sim.replicas import TENANT, ReplicaSpec
+from clairvoyant.bench.sim.simulator import Simulator
 from clairvoyant.core.annotations import Confidence, LengthInterval, NextAgent, SysAnnotations
 from clairvoyant.profiler import core as profiler
 from clairvoyant.profiler.core.sys_annotations import sys_annotations
 from clairvoyant.workloads.program import Call, WorkflowProgram
-
-
-class Annotator(Protocol):
-    def annotate(self, program: WorkflowProgram, call: Call, now: float) -> SysAnnotations | None:
-        """The annotations of ``call``, which became ready at ``now`` (None: unannotated)."""
-        ...
-
-    def observe(self, program: WorkflowProgram, record: CallResult, last: bool) -> None:
-        """``record`` finished (served or rejected; ``end_time`` set); ``last``: no call of its
-        workflow is left unfinished."""
-        ...
 
 
 class ProfilerAnnotator:

@@ -4,68 +4,51 @@
                    ^                                                        │ step (cost-model time)
                    └── dependents ready after the tool latency <── finished ┘
 
-Each replica steps whenever it has work: ``engine.step()`` runs at the step's start and its
-outputs are delivered when the step's predicted time has elapsed.  The scheduler sees a replica's
-state after every step, as if heartbeats were instant.
-
-Decode runs (``fast_forward``, on by default): when a replica's next steps are plain decodes of an
-unchanging batch (``LLMEngine.plan_decode_run``), the simulator schedules one event at the end of
-the whole run instead of one per step.  A call dispatched to the replica meanwhile cuts the run at
-the end of the step in flight, exactly where step-by-step it would join the batch; and before
-every dispatch the scheduler gets the KV usage the replica would have reported at its last step
-boundary.  Results equal the step-by-step ones (a test runs both), at a fraction of the work.
-
-Program-level policies learn what a live scheduler would: each completion carries the call's model
-execution time (the steps it was in a batch), a workflow's end closes its process-table entry, and
-a preset with an engine-side rule (Autellix's K queues) gets one rule per replica, which reads what
-a live worker's rule reads: the call's placement (its priority and its program's attainment).  With an ``annotator`` (annotations.py), each call is submitted with the
-annotations it returns when the call becomes ready, and learns of each call that finishes.
-
-KV migration (``migrate_kv``, on by default): a placement whose ``Decision.kv_source`` names another
-replica (SAGA's stolen sessions) exports from it, at once, the cached prefix of the call's prompt
-(the live worker's ExportKV by tokens; the live scheduler, which has no tokens, exports the
-session's path instead), and the call joins its new replica only when the transfer is done: after
-``EmulatesKvTransfer.kv_transfer_seconds(exported tokens)`` (the cost model's inter-node link), when
-the prefix is imported into the new replica's radix cache.  Whether to wait for it is the
-scheduler core's rule (``scheduler.core.migration.worth_moving``), with the recompute time of one
-batch-1 prefill of what the move would save (``recompute_seconds``).  Neither replica stalls
-meanwhile (the NICs move the KV), and the source keeps its copy.  ``migrations`` lists the
-transfers made.  Exports and plans only peek at the caches, and an import that lands during a
-decode run waits for the step in flight to commit (the run is cut there), so fast-forwarded runs
-still equal step-by-step ones.
+The replicas step on their own (replicas.py); the scheduler sees a replica's state after every
+step, as if heartbeats were instant.  A placement naming a ``kv_source`` may wait for a KV move
+(kv_migration.py).  Deterministic: the same inputs give the same records, byte for byte, with or
+without ``fast_forward``.  docs/benchmarks.md ("How the simulator runs") tells the whole design.
 """
 
 from __future__ import annotations
 
-import bisect
 import gc
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
+from typing import NamedTuple, Protocol
 
-import numpy as np
 import torch
 
-from clairvoyant.bench.records import CallResult, RunRecords, WorkflowRecord
+from clairvoyant.bench.records import CallResult, RunRecords
 from clairvoyant.bench.sim.events import EventQueue, Phase
+from clairvoyant.bench.sim.kv_migration import KvMigrations, Migration
 from clairvoyant.bench.sim.lower_bound import ServiceTime, lower_bound
 from clairvoyant.bench.sim.prompts import PromptBook
+from clairvoyant.bench.sim.recorder import RunRecorder
+from clairvoyant.bench.sim.replicas import TENANT, Replica, ReplicaSpec, ReplicaStepper, SteppedRunner
+from clairvoyant.bench.sim.workflows import WorkflowProgress
+from clairvoyant.core.annotations import SysAnnotations
 from clairvoyant.core.app_metadata import AppMetadata
 from clairvoyant.core.errors import InvalidRequest
-from clairvoyant.scheduler.core import Decision, GlobalScheduler, QueuedRequest, WorkerReport
-from clairvoyant.scheduler.core.migration import worth_moving
-from clairvoyant.worker.core.engine import DecodeRun, EngineConfig, EngineRequest, LLMEngine, RequestOutput
-from clairvoyant.worker.core.kv_transfer import KvPrefix, export_prefix, import_prefix
+from clairvoyant.scheduler.core import Decision, GlobalScheduler, QueuedRequest
+from clairvoyant.worker.core.engine import EngineRequest, RequestOutput
+from clairvoyant.worker.core.kv_transfer import KvPrefix
 from clairvoyant.worker.core.sampling import SamplingParams
 from clairvoyant.worker.core.types import Lineage
-from clairvoyant.worker.runners.base import EmulatesKvTransfer, ModelRunner
 from clairvoyant.workloads.program import Call, WorkflowProgram
 
-if TYPE_CHECKING:
-    from clairvoyant.bench.sim.annotations import Annotator
+# ReplicaSpec, SteppedRunner, Migration and TENANT belong to the simulator's interface too.
+__all__ = [
+    "PROGRESS_EVERY_S",
+    "TENANT",
+    "Annotator",
+    "Migration",
+    "ReplicaSpec",
+    "SimProgress",
+    "Simulator",
+    "SteppedRunner",
+]
 
-TENANT = "default"
 PROGRESS_EVERY_S = 10.0  # virtual seconds between progress calls (``Simulator.run(progress=...)``)
 
 
@@ -77,64 +60,17 @@ class SimProgress(NamedTuple):
     workflows_total: int
 
 
-@runtime_checkable
-class SteppedRunner(ModelRunner, Protocol):
-    """A runner that says how long its last ``forward`` took (in virtual seconds)."""
+class Annotator(Protocol):
+    """What the simulator asks of an annotator (annotations.py has the profiler's and the oracle)."""
 
-    last_step_seconds: float
+    def annotate(self, program: WorkflowProgram, call: Call, now: float) -> SysAnnotations | None:
+        """The annotations of ``call``, which became ready at ``now`` (None: unannotated)."""
+        ...
 
-
-class Migration(NamedTuple):
-    """A KV transfer the simulator made for a placement (``Decision.kv_source``)."""
-
-    call_id: str  # the call that waited for it
-    source: str  # replica the session's KV was exported from
-    target: str  # replica it was imported into, where the call runs
-    tokens: int  # exported (and charged) tokens: the whole blocks of the prompt the source caches
-    saved_tokens: int  # of which the call's prompt would have recomputed on the target
-    start: float  # virtual time of the placement
-    end: float  # start + the transfer's modelled seconds: the call joins the target then
-
-
-@dataclass(frozen=True)
-class ReplicaSpec:
-    worker_id: str
-    runner: SteppedRunner
-    config: EngineConfig
-
-
-class _Run:
-    """A decode run in flight on a replica: its plan, step end times and the steps to commit."""
-
-    def __init__(self, plan: DecodeRun, start: float) -> None:
-        self.plan = plan
-        # Sequential sums, as one event per step would add them: bit-identical boundaries.
-        self.start = start
-        self.ends: list[float] = np.cumsum([start, *plan.step_seconds])[1:].tolist()
-        self.commit_steps = plan.num_steps  # lowered when a new call cuts the run
-        self.reported_steps = 0  # step boundaries whose KV usage the scheduler has seen
-
-
-class _Replica:
-    def __init__(self, spec: ReplicaSpec, clock: Callable[[], float]) -> None:
-        self.worker_id = spec.worker_id
-        self.runner = spec.runner
-        self.model = spec.runner.info.name
-        self.engine = LLMEngine(spec.runner, spec.config, clock=clock)
-        self.busy = False
-        self.run: _Run | None = None
-        self.imports: list[KvPrefix] = []  # arrived during a run: cached once its step in flight commits
-
-    def report(self, kv_blocks_used: int | None = None) -> WorkerReport:
-        stats = self.engine.stats()
-        used = stats.kv_blocks_used if kv_blocks_used is None else kv_blocks_used
-        return WorkerReport(
-            worker_id=self.worker_id, model=self.model, address=f"sim://{self.worker_id}",
-            max_batch=stats.max_num_seqs, running=stats.running, queued=stats.waiting,
-            kv_blocks_used=used, kv_blocks_total=stats.kv_blocks_total,
-            max_model_len=self.runner.info.max_model_len, preemptions_total=stats.preemptions_total,
-            block_size=self.engine.config.block_size,
-        )  # fmt: skip
+    def observe(self, program: WorkflowProgram, record: CallResult, last: bool) -> None:
+        """``record`` finished (served or rejected; ``end_time`` set); ``last``: no call of its
+        workflow is left unfinished."""
+        ...
 
 
 class Simulator:
@@ -157,34 +93,36 @@ class Simulator:
         ``scheduler``: a scheduler built by the caller (policies with non-default parameters)
         instead of ``preset``'s; it must have no workers yet.
         ``annotator``: gives each call its annotations (none: every call is unannotated).
-        ``migrate_kv``: move a session's KV where ``Decision.kv_source`` says (the module's rule);
-        off: such calls recompute."""
+        ``migrate_kv``: move a session's KV where ``Decision.kv_source`` says (kv_migration.py);
+        off: such calls recompute.  ``migrations`` lists the moves made."""
         self.service_times = dict(service_times or {})
         self.migrate_kv = migrate_kv
-        self.migrations: list[Migration] = []
         self.fast_forward = fast_forward
         self.annotator = annotator
         self.events = EventQueue()
-        self.replicas = {spec.worker_id: _Replica(spec, lambda: self.events.now) for spec in replicas}
+        self.replicas = {spec.worker_id: Replica(spec, lambda: self.events.now) for spec in replicas}
         self.scheduler = scheduler or GlobalScheduler.from_preset(preset, max_queue_per_model=1_000_000)
         for replica in self.replicas.values():
             replica.engine.scheduler.rule = self.scheduler.engine_rule()
         self.prompts = PromptBook(seed)
-        self.records = RunRecords()
-        self._calls: dict[str, CallResult] = {}
-        self._programs: dict[str, WorkflowProgram] = {}
-        self._workflows: dict[str, WorkflowRecord] = {}
-        self._waiting_on: dict[str, int] = {}  # call id -> unfinished dependencies
+        self._moves = KvMigrations(self.replicas, self.prompts)
+        self.migrations: list[Migration] = self._moves.made
+        self._recorder = RunRecorder()
+        self.records = self._recorder.records
+        self._calls = self._recorder.calls
+        self._stepper = ReplicaStepper(
+            self.replicas,
+            self.events,
+            fast_forward=fast_forward,
+            started=self._recorder.started,
+            step_done=self._step_done,
+        )
+        self._progress = WorkflowProgress()
         self._outputs: dict[str, list[int]] = {}
-        self._service: dict[str, float] = {}  # call id -> seconds it spent in a batch so far
-        self._children: dict[str, dict[str, tuple[str, ...]]] = {}  # workflow -> call -> dependents
-        self._remaining: dict[str, int] = {}  # workflow -> calls not finished
-        self._latest: dict[str, float] = {}  # workflow -> latest call end (tool included)
         self._backlog: list[WorkflowProgram] = []  # closed loop: programs still to start
         self._workflows_total = 0  # arrivals and backlog of the run
         self._workflows_done = 0
         self._think_time_s = 0.0
-        self._depths: dict[str, int] = {}  # model -> global queue depth last recorded
         self._submitted = False  # a call joined the global queue since depths were last recorded
         for replica in self.replicas.values():
             self.scheduler.update_worker(replica.report(), 0.0)
@@ -216,7 +154,8 @@ class Simulator:
     def resume(self, until: float | None = None, progress: Callable[[SimProgress], None] | None = None) -> RunRecords:
         """Go on with a run that ``run(..., until=...)`` stopped: to completion, or to ``until``."""
         self.advance(until, progress)
-        return self._finish_records(until)
+        preemptions = sum(r.engine.stats().preemptions_total for r in self.replicas.values())
+        return self._recorder.assemble(self.events.now, preemptions, partial=until is not None)
 
     def progress(self) -> SimProgress:
         return SimProgress(self.events.now, self._workflows_done, self._workflows_total)
@@ -251,39 +190,20 @@ class Simulator:
             if collecting:
                 gc.enable()
 
-    def _finish_records(self, until: float | None) -> RunRecords:
-        unfinished = [w.workflow_id for w in self._workflows.values() if w.end_time is None]
-        if unfinished and until is None:
-            raise RuntimeError(f"{len(unfinished)} workflows never finished (e.g. {unfinished[0]})")
-        self.records.workflows = sorted(self._workflows.values(), key=lambda w: (w.arrival_time, w.workflow_id))
-        self.records.calls = sorted(self._calls.values(), key=lambda c: (c.ready_time, c.call_id))
-        self.records.preemptions = sum(r.engine.stats().preemptions_total for r in self.replicas.values())
-        first = min((w.arrival_time for w in self.records.workflows), default=0.0)
-        self.records.duration_s = self.events.now - first
-        return self.records
+    # ---- workflows and the global scheduler ----------------------------------------------------
 
     def _arrive(self, program: WorkflowProgram) -> None:
         now = self.events.now
-        self._programs[program.workflow_id] = program
-        self._children[program.workflow_id] = program.dependents()
-        self._remaining[program.workflow_id] = len(program.calls)
-        self._latest[program.workflow_id] = now
+        roots = self._progress.start(program, now)
         bound = lower_bound(program, self.service_times) if self.service_times else 0.0
-        self._workflows[program.workflow_id] = WorkflowRecord(
-            program.workflow_id, program.workflow_type, now, len(program.calls), lower_bound_s=bound
-        )
-        for call in program.calls:
-            self._waiting_on[call.call_id] = len(call.dependencies)
-        for call in program.roots():
+        self._recorder.workflow_arrived(program, now, bound)
+        for call in roots:
             self._ready(program, call)
         self._dispatch()
 
     def _ready(self, program: WorkflowProgram, call: Call) -> None:
         now = self.events.now
-        self._calls[call.call_id] = CallResult(
-            call.call_id, program.workflow_id, program.workflow_type, call.agent_id, call.model,
-            call.prompt_tokens, call.output_tokens, now, call.tool_latency_s,
-        )  # fmt: skip
+        self._recorder.call_ready(program, call, now)
         meta = AppMetadata(
             program.workflow_type, program.workflow_id, call.agent_id, parent_request_ids=call.dependencies
         )
@@ -301,13 +221,15 @@ class Simulator:
 
     def _dispatch(self) -> None:
         now = self.events.now
-        self._report_runs(now)
+        for report in self._stepper.boundary_reports(now):  # what replicas mid-run last reported
+            self.scheduler.update_worker(report, now)
         decisions = self.scheduler.dispatch(now)
         for decision in decisions:
             record = self._calls[decision.request_id]
             replica = self.replicas[decision.worker_id]
             record.worker_id, record.dispatch_time = replica.worker_id, now
-            migration = self._migration(decision, record.workflow_id) if self.migrate_kv else None
+            program = self._progress.programs[record.workflow_id]
+            migration = self._moves.plan(decision, program, now) if self.migrate_kv else None
             if migration is None:
                 self._start(replica, record, decision)
             else:
@@ -315,11 +237,14 @@ class Simulator:
                 start = partial(self._migrated, replica, record, decision, prefix)
                 self.events.at(end, Phase.READY, start)
         if decisions or self._submitted:  # nothing else changes a queue's depth
-            self._record_depths(now)
+            self._submitted = False
+            self._recorder.queue_depths(now, self.scheduler.queue_depths())
 
-    def _start(self, replica: _Replica, record: CallResult, decision: Decision) -> None:
+    # ---- calls on the replicas -----------------------------------------------------------------
+
+    def _start(self, replica: Replica, record: CallResult, decision: Decision) -> None:
         """Hand a placed call to its replica's engine (or record the replica's refusal)."""
-        program = self._programs[record.workflow_id]
+        program = self._progress.programs[record.workflow_id]
         call = program.call(record.call_id)
         now = self.events.now
         try:
@@ -328,57 +253,16 @@ class Simulator:
             self._reject(record, str(exc), now)
             return
         self._outputs[call.call_id] = []
-        if replica.run is not None:
-            self._cut(replica, replica.run, now)
-        self._wake(replica)
+        self._stepper.cut(replica, now)
+        self._stepper.wake(replica)
 
-    def _migration(self, decision: Decision, workflow_id: str) -> tuple[KvPrefix, float] | None:
-        """The session's prefix to move for ``decision`` and when the move ends, if the module's
-        rule says to move it; the move is recorded in ``migrations``."""
-        source = self.replicas.get(decision.kv_source or "")
-        target = self.replicas[decision.worker_id]
-        runner = target.runner
-        if source is None or source is target or not isinstance(runner, EmulatesKvTransfer):
-            return None
-        program = self._programs[workflow_id]
-        prompt = self.prompts.prompt(program.workflow_type, program.call(decision.request_id))
-        kv = source.engine.kv
-        prefix = export_prefix(kv, source.runner, TENANT, token_ids=prompt, workflow_id=workflow_id)
-        if prefix is None:
-            return None
-        saved = self._saved_tokens(target, prefix, len(prompt))
-        seconds = runner.kv_transfer_seconds(prefix.num_tokens)
-        if not worth_moving(saved, seconds, runner.recompute_seconds(saved) if saved else 0.0):
-            return None
-        now = self.events.now
-        move = Migration(
-            decision.request_id, source.worker_id, target.worker_id, prefix.num_tokens, saved, now, now + seconds
-        )
-        self.migrations.append(move)
-        return prefix, move.end
-
-    @staticmethod
-    def _saved_tokens(target: _Replica, prefix: KvPrefix, prompt_tokens: int) -> int:
-        """Tokens of the prompt that ``prefix`` (a prefix of it) covers and ``target`` does not
-        cache yet, in whole blocks short of the prompt's last token (as the engine matches)."""
-        kv = target.engine.kv
-        if kv.cache is None:
-            return 0
-        blocks = min(prefix.num_tokens, prompt_tokens - 1) // kv.block_size
-        cached = len(kv.cache.peek(TENANT, prefix.token_ids, blocks))
-        return (blocks - cached) * kv.block_size
-
-    def _migrated(self, replica: _Replica, record: CallResult, decision: Decision, prefix: KvPrefix) -> None:
+    def _migrated(self, replica: Replica, record: CallResult, decision: Decision, prefix: KvPrefix) -> None:
         """The transfer is done: the prefix joins the replica's cache (unless its pool is full
         then: the call recomputes), and the call starts."""
-        if replica.run is None:
-            import_prefix(replica.engine.kv, replica.runner, prefix)
-        else:  # step by step, the step in flight has cached its blocks already: import after it
-            self._cut(replica, replica.run, self.events.now)
-            replica.imports.append(prefix)
+        self._stepper.land(replica, prefix, self.events.now)
         self._start(replica, record, decision)
 
-    def _add_request(self, replica: _Replica, program: WorkflowProgram, call: Call, decision: Decision) -> None:
+    def _add_request(self, replica: Replica, program: WorkflowProgram, call: Call, decision: Decision) -> None:
         """The call as a live worker gets it: the placement's priority and its program's attainment."""
         replica.engine.add_request(
             EngineRequest(
@@ -401,44 +285,9 @@ class Simulator:
         self.scheduler.complete(record.call_id)
         self.prompts.record_response(record.call_id, [])  # later prompts that quote it get nothing
         self._observe(record)
-        self._release_dependents(self._programs[record.workflow_id], record, now)  # no output: no tool
+        self._release_dependents(self._progress.programs[record.workflow_id], record, now)  # no output: no tool
 
-    def _record_depths(self, now: float) -> None:
-        """Append (now, model, depth) for each model whose depth changed since it was last recorded."""
-        self._submitted = False
-        for model, depth in self.scheduler.queue_depths().items():
-            if self._depths.get(model) != depth:
-                self._depths[model] = depth
-                self.records.queue_depth.append((now, model, depth))
-
-    def _wake(self, replica: _Replica) -> None:
-        if not replica.busy:
-            replica.busy = True
-            self.events.at(self.events.now, Phase.STEP_START, lambda: self._step(replica))
-
-    # ---- replicas ------------------------------------------------------------------------------
-
-    def _step(self, replica: _Replica) -> None:
-        if not replica.engine.has_unfinished():
-            replica.busy = False
-            return
-        start = self.events.now
-        plan = replica.engine.plan_decode_run() if self.fast_forward else None
-        if plan is not None:
-            run = replica.run = _Run(plan, start)
-            self.events.at(run.ends[-1], Phase.STEP_DONE, partial(self._run_done, replica, run, plan.num_steps))
-            return
-        outputs = replica.engine.step()
-        for seq in replica.engine.last_schedule.admitted:
-            record = self._calls[seq.request_id]
-            if record.start_time is None:
-                record.start_time = start
-        duration = replica.runner.last_step_seconds
-        for seq, _ in replica.engine.last_schedule.chunks:
-            self._service[seq.request_id] = self._service.get(seq.request_id, 0.0) + duration
-        self.events.at(start + duration, Phase.STEP_DONE, lambda: self._step_done(replica, outputs))
-
-    def _step_done(self, replica: _Replica, outputs: list[RequestOutput]) -> None:
+    def _step_done(self, replica: Replica, outputs: list[RequestOutput]) -> None:
         now = self.events.now
         finished: list[RequestOutput] = []
         for out in outputs:
@@ -452,75 +301,32 @@ class Simulator:
             self._finish(out, now)
         self.scheduler.update_worker(replica.report(), now)
         self._dispatch()
-        replica.busy = False
-        self._wake(replica)
-
-    def _run_done(self, replica: _Replica, run: _Run, steps: int) -> None:
-        if replica.run is not run or run.commit_steps != steps:
-            return  # the run was cut: a later (earlier-ending) event commits it
-        replica.run = None
-        elapsed = run.ends[steps - 1] - run.start
-        for seq in run.plan.seqs:
-            self._service[seq.request_id] = self._service.get(seq.request_id, 0.0) + elapsed
-        outputs = replica.engine.advance_decode(run.plan, steps)
-        for prefix in replica.imports:
-            import_prefix(replica.engine.kv, replica.runner, prefix)
-        replica.imports.clear()
-        self._step_done(replica, outputs)
-
-    def _cut(self, replica: _Replica, run: _Run, now: float) -> None:
-        """A call joined ``replica`` mid-run: end the run with the step in flight at ``now``."""
-        steps = bisect.bisect_left(run.ends, now) + 1  # steps whose end is at or after now, first one
-        if steps < run.commit_steps:
-            run.commit_steps = steps
-            self.events.at(run.ends[steps - 1], Phase.STEP_DONE, partial(self._run_done, replica, run, steps))
-
-    def _report_runs(self, now: float) -> None:
-        """Give the scheduler the KV usage each replica mid-run reported at its last step boundary."""
-        for replica in self.replicas.values():
-            run = replica.run
-            if run is None:
-                continue
-            done = min(bisect.bisect_right(run.ends, now), run.commit_steps)
-            if done > run.reported_steps:
-                run.reported_steps = done
-                used = run.plan.kv_blocks_used_after(done)
-                self.scheduler.update_worker(replica.report(kv_blocks_used=used), now)
 
     def _finish(self, out: RequestOutput, now: float) -> None:
         record = self._calls[out.request_id]
         record.end_time, record.cached_tokens = now, out.cached_tokens
         record.generated_tokens = out.completion_tokens
-        service = self._service.pop(out.request_id, 0.0)
+        service = self._stepper.take_service(out.request_id)
         self.scheduler.complete(out.request_id, now=now, service_s=service, output_tokens=out.completion_tokens)
         self.prompts.record_response(out.request_id, self._outputs.pop(out.request_id))
         self._observe(record)
-        self._release_dependents(self._programs[record.workflow_id], record, now + record.tool_latency_s)
+        self._release_dependents(self._progress.programs[record.workflow_id], record, now + record.tool_latency_s)
 
     def _observe(self, record: CallResult) -> None:
         if self.annotator is not None:
-            last = self._remaining[record.workflow_id] == 1  # this call is its workflow's last one
-            self.annotator.observe(self._programs[record.workflow_id], record, last)
+            last = self._progress.is_last_call(record.workflow_id)
+            self.annotator.observe(self._progress.programs[record.workflow_id], record, last)
 
     def _release_dependents(self, program: WorkflowProgram, record: CallResult, done_at: float) -> None:
-        for child_id in self._children[program.workflow_id][record.call_id]:
-            self._waiting_on[child_id] -= 1
-            if self._waiting_on[child_id] == 0:
-                child = program.call(child_id)
-                self.events.at(done_at, Phase.READY, partial(self._ready_and_dispatch, program, child))
-        self._maybe_end(program, done_at)
-
-    def _maybe_end(self, program: WorkflowProgram, done_at: float) -> None:
-        """A workflow ends when its last call, and the tool after it, is done."""
-        workflow_id = program.workflow_id
-        self._latest[workflow_id] = max(self._latest[workflow_id], done_at)
-        self._remaining[workflow_id] -= 1
-        if self._remaining[workflow_id] == 0:
-            end = self._workflows[workflow_id].end_time = self._latest.pop(workflow_id)
-            self._workflows_done += 1
-            if self._backlog:
-                following = self._backlog.pop()
-                self.events.at(end + self._think_time_s, Phase.READY, lambda: self._arrive(following))
-            self.prompts.forget([c.call_id for c in program.calls])
-            self.scheduler.end_workflow(TENANT, workflow_id)
-            del self._children[workflow_id], self._remaining[workflow_id]
+        ready, end = self._progress.call_done(program, record.call_id, done_at)
+        for child in ready:
+            self.events.at(done_at, Phase.READY, partial(self._ready_and_dispatch, program, child))
+        if end is None:
+            return
+        self._recorder.workflows[program.workflow_id].end_time = end
+        self._workflows_done += 1
+        if self._backlog:
+            following = self._backlog.pop()
+            self.events.at(end + self._think_time_s, Phase.READY, lambda: self._arrive(following))
+        self.prompts.forget([c.call_id for c in program.calls])
+        self.scheduler.end_workflow(TENANT, program.workflow_id)
