@@ -161,12 +161,7 @@ class Pipeline:
         request_span: trace.Span,
     ) -> Generation:
         """Open the Generate call on the placed worker; the Generation owns the placement."""
-        msg = worker_pb2.GenerateRequest()
-        msg.CopyFrom(generate_msg)
-        msg.base_priority = placement.base_priority
-        msg.scheduler_preset = placement.preset
-        msg.program_wait_s = placement.program_wait_s
-        msg.program_service_s = placement.program_service_s
+        msg = placed_generate_request(generate_msg, placement)
         scheduled_time = self.now()
         attempt_span = _tracer.start_span("gateway.generate", attributes={"cv.worker_id": placement.worker_id})
         with trace.use_span(attempt_span, end_on_exit=False):  # the worker's span joins this trace
@@ -266,6 +261,20 @@ def encode_messages(
             code="invalid_encoding",
         ) from None
     return schedule, generate
+
+
+def placed_generate_request(
+    generate_msg: worker_pb2.GenerateRequest, placement: scheduler_pb2.Placement
+) -> worker_pb2.GenerateRequest:
+    """The Generate message for one placement: what the worker's engine rule reads comes from the
+    scheduler (the base priority, the preset, the program's waiting and service time)."""
+    msg = worker_pb2.GenerateRequest()
+    msg.CopyFrom(generate_msg)
+    msg.base_priority = placement.base_priority
+    msg.scheduler_preset = placement.preset
+    msg.program_wait_s = placement.program_wait_s
+    msg.program_service_s = placement.program_service_s
+    return msg
 
 
 def _span_attributes(request: GenerationRequest) -> dict[str, str | bool]:
