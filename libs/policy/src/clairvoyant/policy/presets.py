@@ -18,19 +18,11 @@ from clairvoyant.policy.scaling import SCALING_POLICIES, ScalingPolicy
 from clairvoyant.policy.scheduling import (
     PRIORITY_POLICIES,
     ROUTING_POLICIES,
+    EngineRanked,
     LocalRule,
     PriorityPolicy,
     RoutingPolicy,
 )
-
-
-class EngineRanked:
-    """The hook of ``Capability.ENGINE_RULE`` (for typing; policies do not inherit it)."""
-
-    def engine_rule(self) -> LocalRule:
-        """A fresh engine-side rule (one per engine) that refines the base priority over a call's
-        life there."""
-        raise NotImplementedError
 
 
 class Preset(NamedTuple):

@@ -12,7 +12,7 @@ sorts every live sequence by effective priority at *every* step (a window of one
 the most urgent ones while their first chunk fits in memory and stops at the first that does not,
 and on memory exhaustion preempts the least urgent running sequence and puts it back in the waiting
 list (which the next step sorts again).  The only part the preset adds is the aging term, through
-an engine rule (``EngineRanked``), because the engines' own ``aging_rate`` defaults to 0.
+an engine rule (``ENGINE_RULE``), because the engines' own ``aging_rate`` defaults to 0.
 
 Unannotated requests: only annotations of confidence LOW or HIGH are trusted.  A request without
 annotations, or of confidence NONE or SHADOW (the reactive tier of §5 "Cold starts"), gets
