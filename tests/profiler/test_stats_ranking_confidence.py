@@ -8,7 +8,7 @@ import pytest
 from clairvoyant.profiler.core import confidence as conf
 from clairvoyant.profiler.core.confidence import ConfidenceConfig, ConfidenceState, Tier
 from clairvoyant.profiler.core.ranking import classical_mds_1d, kairos_ranking
-from clairvoyant.profiler.core.stats import AgentStats, ConvergenceTracker, Summary, wasserstein
+from clairvoyant.profiler.core.stats import ConvergenceTracker, LearnedAgentStats, Summary, wasserstein
 
 pytestmark = pytest.mark.unit
 
@@ -26,7 +26,7 @@ def test_p99_bound_covers_held_out_lognormal_lengths() -> None:
 def test_high_cv_agent_uses_the_previous_call_of_the_same_agent() -> None:
     """Pythia Opportunity #2: consecutive calls of a high-CV agent are correlated."""
     rng = np.random.default_rng(1)
-    stats = AgentStats("explorer")
+    stats = LearnedAgentStats("explorer")
     held: list[tuple[float, float]] = []
     for w in range(400):
         level = rng.lognormal(np.log(400), 1.3)  # per-workflow scale: high CV across workflows
@@ -51,7 +51,7 @@ def test_high_cv_agent_uses_the_previous_call_of_the_same_agent() -> None:
 
 def test_low_cv_agent_has_no_conditional_model() -> None:
     rng = np.random.default_rng(2)
-    stats = AgentStats("planner")
+    stats = LearnedAgentStats("planner")
     previous = None
     for w in range(100):
         length = float(rng.normal(60, 9))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from clairvoyant.profiler.core.paths import PathModel, Position
 from clairvoyant.profiler.core.profile_types import StructurePrediction
 from clairvoyant.profiler.core.ranking import AgentRanking, kairos_ranking
-from clairvoyant.profiler.core.stats import AgentStats, AgentSummary
+from clairvoyant.profiler.core.stats import AgentSummary, LearnedAgentStats
 from clairvoyant.profiler.core.trace import Step
 
 
@@ -30,7 +30,7 @@ class AnnotationTables:
     time_values: list[float] | None  # per model state: expected time to the end; None without a model
 
     @staticmethod
-    def build(agents: Mapping[str, AgentStats], model: PathModel | None) -> AnnotationTables:
+    def build(agents: Mapping[str, LearnedAgentStats], model: PathModel | None) -> AnnotationTables:
         summaries = {a: s.summary() for a, s in agents.items()}
         ranking = kairos_ranking({a: list(s.remaining_s) for a, s in agents.items()})
         time_values = None

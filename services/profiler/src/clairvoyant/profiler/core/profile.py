@@ -40,11 +40,11 @@ from clairvoyant.profiler.core.profile_types import (
     StructurePrediction,
 )
 from clairvoyant.profiler.core.ranking import AgentRanking
-from clairvoyant.profiler.core.stats import AgentStats, AgentSummary, ConvergenceTracker, Summary
+from clairvoyant.profiler.core.stats import AgentSummary, ConvergenceTracker, LearnedAgentStats, Summary
 from clairvoyant.profiler.core.synthesis import synthesize
 from clairvoyant.profiler.core.templates import AgentTemplate, ChainStore, TemplateLearner
 from clairvoyant.profiler.core.trace import Step, StepLike, WorkflowTrace, as_steps
-from clairvoyant.profiler.core.workload_stats import WorkloadStats
+from clairvoyant.profiler.core.workload_stats import LearnedWorkloadStats
 
 
 class WorkflowProfile:
@@ -62,7 +62,7 @@ class WorkflowProfile:
     def _reset_learning(self) -> None:
         self.traces: deque[tuple[Step, ...]] = deque(maxlen=self.config.max_traces)
         self.automaton = TransitionAutomaton()
-        self.stats = WorkloadStats(self.config.max_traces)
+        self.stats = LearnedWorkloadStats(self.config.max_traces)
         self.instances = 0
         self.since_synthesis = 0
         self.since_tables = 0
@@ -74,7 +74,7 @@ class WorkflowProfile:
         self.templates = TemplateLearner(self.config.templates)
 
     @property
-    def agents(self) -> dict[str, AgentStats]:
+    def agents(self) -> dict[str, LearnedAgentStats]:
         return self.stats.agents
 
     @property
@@ -167,7 +167,7 @@ class WorkflowProfile:
         self._tables = None
 
     def converged(self) -> bool:
-        """Kairos §4.3's convergence test (``WorkloadStats.converged``)."""
+        """Kairos §4.3's convergence test (``LearnedWorkloadStats.converged``)."""
         return self.stats.converged()
 
     # ---------------------------------------------------------------------------- prediction
@@ -310,7 +310,7 @@ class WorkflowProfile:
         profile.confidence = ConfidenceState.from_state(state["confidence"])
         profile.traces.extend(tuple(Step(tuple(s)) for s in t) for t in state["traces"])
         profile.automaton = TransitionAutomaton.from_state(state["automaton"])
-        profile.stats = WorkloadStats.from_state(state, profile.config.max_traces)
+        profile.stats = LearnedWorkloadStats.from_state(state, profile.config.max_traces)
         profile.instances = int(state["instances"])
         profile.since_synthesis = int(state["since_synthesis"])
         if "templates" in state:

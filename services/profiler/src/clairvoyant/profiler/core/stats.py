@@ -1,6 +1,6 @@
 """Per-agent statistics: output lengths, service and remaining latency, gaps, convergence.
 
-``AgentStats`` keeps one agent's samples in sliding windows of the most recent ``MAX_SAMPLES``
+``LearnedAgentStats`` keeps one agent's samples in sliding windows of the most recent ``MAX_SAMPLES``
 (memory stays bounded and a drifting agent is followed) and summarises them (``AgentSummary``:
 the p50/p99 output-length interval, conditional on the previous call's length for high-CV agents,
 service time, remaining latency, gap after).  ``ConvergenceTracker`` is Kairos' doubling check
@@ -162,7 +162,7 @@ def _window() -> deque[float]:
 
 
 @dataclass
-class AgentStats:
+class LearnedAgentStats:
     """The running samples of one agent (sliding windows) and their convergence trackers."""
 
     agent_id: str
@@ -232,7 +232,7 @@ class AgentStats:
         }
 
     @classmethod
-    def from_state(cls, state: dict[str, Any]) -> AgentStats:
+    def from_state(cls, state: dict[str, Any]) -> LearnedAgentStats:
         stats = cls(state["agent_id"], int(state["calls"]))
         for name in ("output_len", "service_s", "remaining_s", "gap_after_s"):
             getattr(stats, name).extend(float(v) for v in state[name])

@@ -1,7 +1,7 @@
 """The workload statistics a profile learns from its closed workflow instances, and convergence.
 
-``WorkloadStats.observe(trace, instance)`` folds one closed trace in: per-agent output lengths,
-service times, remaining latency and gap after (``stats.AgentStats``), the gaps after each named
+``LearnedWorkloadStats.observe(trace, instance)`` folds one closed trace in: per-agent output lengths,
+service times, remaining latency and gap after (``stats.LearnedAgentStats``), the gaps after each named
 tool, and the workflow's step count and duration (sliding windows of ``max_traces``).
 ``converged()`` is Kairos §4.3's test over the agents.  Never raises on a valid trace;
 ``to_state``/``from_state`` round-trip through plain lists and dicts.
@@ -14,16 +14,16 @@ from typing import Any
 
 import numpy as np
 
-from clairvoyant.profiler.core.stats import AgentStats, ConvergenceTracker
+from clairvoyant.profiler.core.stats import ConvergenceTracker, LearnedAgentStats
 from clairvoyant.profiler.core.trace import WorkflowTrace
 
 CONVERGENCE_MIN_SHARE = 0.05  # agents with fewer of the calls do not gate convergence
 TOOL_GAP_WINDOW = 4096
 
 
-class WorkloadStats:
+class LearnedWorkloadStats:
     def __init__(self, max_traces: int) -> None:
-        self.agents: dict[str, AgentStats] = {}
+        self.agents: dict[str, LearnedAgentStats] = {}
         self.steps_per_instance: deque[float] = deque(maxlen=max_traces)
         self.duration_s: deque[float] = deque(maxlen=max_traces)
         self.steps_convergence = ConvergenceTracker()
@@ -39,7 +39,7 @@ class WorkloadStats:
             next_start = min((c.start for c in next_group), default=None)
             for call in sorted(group, key=lambda c: c.start):
                 gap = None if next_start is None else next_start - call.end
-                stats = self.agents.setdefault(call.agent_id, AgentStats(call.agent_id))
+                stats = self.agents.setdefault(call.agent_id, LearnedAgentStats(call.agent_id))
                 stats.add_call(
                     call.output_tokens,
                     call.end - call.start,
@@ -90,10 +90,10 @@ class WorkloadStats:
         }
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], max_traces: int) -> WorkloadStats:
+    def from_state(cls, state: dict[str, Any], max_traces: int) -> LearnedWorkloadStats:
         """From a ``to_state`` dict (extra keys are ignored: a profile's state holds these inline)."""
         stats = cls(max_traces)
-        stats.agents = {a: AgentStats.from_state(s) for a, s in state["agents"].items()}
+        stats.agents = {a: LearnedAgentStats.from_state(s) for a, s in state["agents"].items()}
         stats.steps_per_instance.extend(state["steps_per_instance"])
         stats.duration_s.extend(state["duration_s"])
         stats.steps_convergence = ConvergenceTracker.from_state(state["steps_convergence"])
