@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from clairvoyant.profiler.core.trace import Call, Step
+from clairvoyant.profiler.core.trace import Step, TraceCall
 
 Generator = Callable[[np.random.Generator], list[Step]]
 
@@ -72,11 +72,11 @@ def timed_calls(
     service: dict[str, float] | None = None,
     gap: float = 0.5,
     lengths: Callable[[str, np.random.Generator], int] | None = None,
-) -> list[Call]:
+) -> list[TraceCall]:
     """Calls that realise ``steps`` in time: a step's calls start together (jittered) and overlap;
     the next step starts ``gap`` seconds after the slowest one ends."""
     service = service or {}
-    calls: list[Call] = []
+    calls: list[TraceCall] = []
     t = start
     for i, step in enumerate(steps):
         ends = []
@@ -84,7 +84,7 @@ def timed_calls(
             begin = t + 0.01 * j
             duration = service.get(agent, 1.0) * float(rng.uniform(0.8, 1.2))
             out = lengths(agent, rng) if lengths else 100
-            calls.append(Call(f"{workflow_id}-{i}-{j}", agent, begin, begin + duration, 50, out))
+            calls.append(TraceCall(f"{workflow_id}-{i}-{j}", agent, begin, begin + duration, 50, out))
             ends.append(begin + duration)
         t = max(ends) + gap
     return calls

@@ -16,7 +16,7 @@ from clairvoyant.profiler.core.profile_types import (
     ProfileConfig,
 )
 from clairvoyant.profiler.core.store import ProfileStore
-from clairvoyant.profiler.core.trace import Call, Step
+from clairvoyant.profiler.core.trace import Step, TraceCall
 from tests.profiler.generators import EXPECTED, S, listing1, timed_calls
 
 pytestmark = pytest.mark.unit
@@ -28,7 +28,7 @@ def lengths(agent: str, rng: np.random.Generator) -> int:
     return int(rng.lognormal(np.log(300 if agent != "verifier" else 40), 0.4))
 
 
-def record(c: Call, workflow_id: str, *, end: bool = False, version: str | None = None) -> CallRecord:
+def record(c: TraceCall, workflow_id: str, *, end: bool = False, version: str | None = None) -> CallRecord:
     return CallRecord(
         c.request_id,
         workflow_id,
@@ -83,7 +83,7 @@ def test_replayed_records_are_counted_once() -> None:
     assert profile.instances == 1
 
 
-def build_steps(calls: list[Call]) -> list[Step]:
+def build_steps(calls: list[TraceCall]) -> list[Step]:
     from clairvoyant.profiler.core.trace import build_trace
 
     return list(build_trace("w", calls).steps)

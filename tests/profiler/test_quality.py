@@ -12,16 +12,16 @@ from clairvoyant.profiler.core.profile import WorkflowProfile
 from clairvoyant.profiler.core.profile_types import CallRecord
 from clairvoyant.profiler.core.stats import ConvergenceTracker
 from clairvoyant.profiler.core.synthesis import dominant_bounds
-from clairvoyant.profiler.core.trace import Call, IncrementalTrace, build_trace
+from clairvoyant.profiler.core.trace import IncrementalTrace, TraceCall, build_trace
 from clairvoyant.profiler.evaluation.replay import _pair_accuracy, _Prediction
 from tests.profiler.generators import listing1, timed_calls
 
 pytestmark = pytest.mark.unit
 
 
-def random_calls(rng: np.random.Generator, n: int) -> list[Call]:
+def random_calls(rng: np.random.Generator, n: int) -> list[TraceCall]:
     """Overlapping calls with parents and upstream agents, so components merge and split."""
-    calls: list[Call] = []
+    calls: list[TraceCall] = []
     t = 0.0
     for i in range(n):
         t += float(rng.choice([0.0, 0.5, 1.0, 2.0]))
@@ -29,7 +29,7 @@ def random_calls(rng: np.random.Generator, n: int) -> list[Call]:
         upstream = [None, "a", "b"][int(rng.integers(3))]
         duration = float(rng.choice([0.5, 1.0, 3.0, 6.0]))
         agent = "abc"[int(rng.integers(3))]
-        calls.append(Call(f"r{i}", agent, t, t + duration, 10, 10, upstream, parents))
+        calls.append(TraceCall(f"r{i}", agent, t, t + duration, 10, 10, upstream, parents))
     return calls
 
 
@@ -48,7 +48,7 @@ def test_the_incremental_trace_equals_a_rebuilt_one_after_every_call(order: str)
             assert before[:first_changed] == list(rebuilt.steps[:first_changed])
 
 
-def record(c: Call, workflow_id: str, end: bool = False) -> CallRecord:
+def record(c: TraceCall, workflow_id: str, end: bool = False) -> CallRecord:
     return CallRecord(
         c.request_id,
         workflow_id,
@@ -107,7 +107,7 @@ def test_convergence_gates_on_service_times_of_agents_with_5_percent_of_calls() 
         for j in range(n):
             agent = "z" if (i, j) == (0, 0) else "ab"[j % 2]
             end = j == n - 1
-            c = Call(f"w{i}-{j}", agent, t, t + 1.0 + 0.01 * float(rng.random()), 10, 10)
+            c = TraceCall(f"w{i}-{j}", agent, t, t + 1.0 + 0.01 * float(rng.random()), 10, 10)
             profile.ingest(record(c, f"w{i}", end))
             t += 2.0
     assert not profile.steps_convergence.converged

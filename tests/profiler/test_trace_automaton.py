@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from clairvoyant.profiler.core.automaton import END, START, TransitionAutomaton, step_label
-from clairvoyant.profiler.core.trace import Call, build_trace
+from clairvoyant.profiler.core.trace import TraceCall, build_trace
 from tests.profiler.generators import S, listing1, timed_calls, traces
 
 pytestmark = pytest.mark.unit
 
 
-def call(rid: str, agent: str, start: float, end: float, **extra: object) -> Call:
-    return Call(rid, agent, start, end, **extra)  # type: ignore[arg-type]
+def call(rid: str, agent: str, start: float, end: float, **extra: object) -> TraceCall:
+    return TraceCall(rid, agent, start, end, **extra)  # type: ignore[arg-type]
 
 
 def test_overlapping_spans_form_one_parallel_step() -> None:

@@ -50,7 +50,7 @@ from clairvoyant.profiler.core.ranking import AgentRanking, kairos_ranking
 from clairvoyant.profiler.core.store import ProfileStore
 from clairvoyant.profiler.core.synthesis import SynthesisConfig, SynthesisResult, synthesize
 from clairvoyant.profiler.core.templates import AgentTemplate, ChainStore, TemplateConfig, TemplateLearner
-from clairvoyant.profiler.core.trace import Call, Step, WorkflowTrace, build_trace
+from clairvoyant.profiler.core.trace import Step, TraceCall, WorkflowTrace, build_trace
 
 __all__ = [
     "AgentTemplate",
@@ -59,7 +59,6 @@ __all__ = [
     "TemplateLearner",
     "AgentRanking",
     "Annotation",
-    "Call",
     "CallRecord",
     "ConfidenceConfig",
     "ConfidenceState",
@@ -78,6 +77,7 @@ __all__ = [
     "SynthesisConfig",
     "SynthesisResult",
     "Tier",
+    "TraceCall",
     "TransitionAutomaton",
     "WorkflowProfile",
     "WorkflowTrace",

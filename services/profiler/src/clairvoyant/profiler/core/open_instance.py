@@ -15,12 +15,12 @@ from typing import Any
 from clairvoyant.profiler.core.paths import PathModel, Position
 from clairvoyant.profiler.core.prediction import positions_after
 from clairvoyant.profiler.core.templates import ChainStore, TemplateConfig
-from clairvoyant.profiler.core.trace import Call, IncrementalTrace
+from clairvoyant.profiler.core.trace import IncrementalTrace, TraceCall
 
 
 @dataclass
 class OpenInstance:
-    calls: dict[str, Call] = field(default_factory=dict)
+    calls: dict[str, TraceCall] = field(default_factory=dict)
     chains: ChainStore | None = None  # block-hash chains of its calls, when records carry them
     last_activity: float = float("-inf")
     # The trace so far, kept incrementally, and the position cache: positions[i] = position after
@@ -30,9 +30,9 @@ class OpenInstance:
     model_id: int = -1
     cached_positions: list[Position] = field(default_factory=list)
     dirty_from: int = 0
-    last_by_agent: dict[str, Call] = field(default_factory=dict)  # its latest-starting call
+    last_by_agent: dict[str, TraceCall] = field(default_factory=dict)  # its latest-starting call
 
-    def add(self, call: Call) -> None:
+    def add(self, call: TraceCall) -> None:
         if call.request_id in self.calls:  # a repeated id (idempotency window long passed): rebuild
             self.calls[call.request_id] = call
             self.trace = IncrementalTrace(self.calls.values())
@@ -45,7 +45,7 @@ class OpenInstance:
         self.dirty_from = min(self.dirty_from, self.trace.add(call))
         self._note(call)
 
-    def _note(self, call: Call) -> None:
+    def _note(self, call: TraceCall) -> None:
         latest = self.last_by_agent.get(call.agent_id)
         if latest is None or call.start > latest.start:  # first of equal starts wins, as max() did
             self.last_by_agent[call.agent_id] = call
@@ -75,13 +75,13 @@ class OpenInstance:
     def from_state(cls, state: dict[str, Any], templates: TemplateConfig) -> OpenInstance:
         instance = cls(last_activity=float(state["last_activity"]))
         for c in state["calls"]:
-            instance.add(Call(**{**c, "parent_request_ids": tuple(c["parent_request_ids"])}))
+            instance.add(TraceCall(**{**c, "parent_request_ids": tuple(c["parent_request_ids"])}))
         if state.get("chains") is not None:
             instance.chains = ChainStore.from_state(state["chains"], templates)
         return instance
 
 
-def _call_state(call: Call) -> dict[str, Any]:
+def _call_state(call: TraceCall) -> dict[str, Any]:
     data = asdict(call)
     data["parent_request_ids"] = list(call.parent_request_ids)
     return data

@@ -16,7 +16,7 @@ from clairvoyant.profiler.core.confidence import ConfidenceConfig, Tier
 from clairvoyant.profiler.core.paths import NextAgents, Position, Remaining
 from clairvoyant.profiler.core.synthesis import SynthesisConfig
 from clairvoyant.profiler.core.templates import TemplateConfig
-from clairvoyant.profiler.core.trace import Call, WorkflowTrace
+from clairvoyant.profiler.core.trace import TraceCall, WorkflowTrace
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +39,8 @@ class CallRecord:
     prompt_blocks: tuple[int, ...] = ()
     response_blocks: tuple[int, ...] = ()
 
-    def call(self) -> Call:
-        return Call(
+    def call(self) -> TraceCall:
+        return TraceCall(
             self.request_id,
             self.agent_id,
             self.start,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
-class Call:
+class TraceCall:
     """One completed LLM call of a workflow instance (times in seconds on any one time scale)."""
 
     request_id: str
@@ -72,7 +72,7 @@ class WorkflowTrace:
 
     workflow_id: str
     steps: tuple[Step, ...]
-    calls: tuple[tuple[Call, ...], ...] = field(repr=False)
+    calls: tuple[tuple[TraceCall, ...], ...] = field(repr=False)
 
     @property
     def start(self) -> float:
@@ -82,14 +82,14 @@ class WorkflowTrace:
     def end(self) -> float:
         return max(c.end for group in self.calls for c in group) if self.calls else 0.0
 
-    def all_calls(self) -> list[Call]:
+    def all_calls(self) -> list[TraceCall]:
         return [c for group in self.calls for c in group]
 
 
-def _overlap_components(calls: list[Call]) -> list[list[Call]]:
+def _overlap_components(calls: list[TraceCall]) -> list[list[TraceCall]]:
     """The sweep line: calls sorted by start; a call joins the running component while it starts
     before the component's latest end."""
-    components: list[list[Call]] = []
+    components: list[list[TraceCall]] = []
     current_end = float("-inf")
     for call in calls:
         if components and call.start < current_end:
@@ -101,7 +101,7 @@ def _overlap_components(calls: list[Call]) -> list[list[Call]]:
     return components
 
 
-def _layers(component: list[Call]) -> list[list[Call]]:
+def _layers(component: list[TraceCall]) -> list[list[TraceCall]]:
     """Split an overlap component into dependency layers (parents / upstream agent inside it)."""
     if len(component) == 1:
         return [component]
@@ -114,17 +114,17 @@ def _layers(component: list[Call]) -> list[list[Call]]:
             earlier = [c for c in component[:index] if c.agent_id == call.upstream_agent_id]
             parents = earlier[-1:]
         depth[call.request_id] = 1 + max((depth[p.request_id] for p in parents), default=-1)
-    layers: dict[int, list[Call]] = {}
+    layers: dict[int, list[TraceCall]] = {}
     for call in component:
         layers.setdefault(depth[call.request_id], []).append(call)
     return [layers[d] for d in sorted(layers)]
 
 
-def build_trace(workflow_id: str, calls: Iterable[Call]) -> WorkflowTrace:
+def build_trace(workflow_id: str, calls: Iterable[TraceCall]) -> WorkflowTrace:
     """Reconstruct the steps of one workflow instance from its calls (any order)."""
     ordered = sorted(calls, key=lambda c: (c.start, c.end, c.request_id))
     steps: list[Step] = []
-    groups: list[tuple[Call, ...]] = []
+    groups: list[tuple[TraceCall, ...]] = []
     for component in _overlap_components(ordered):
         for layer in _layers(component):
             steps.append(Step.of(*(c.agent_id for c in layer)))
@@ -145,20 +145,20 @@ class IncrementalTrace:
     ``steps``/``calls`` always equal ``build_trace`` of the calls added so far; ``add`` returns the
     index of the first step that may differ from before (steps before it are unchanged)."""
 
-    def __init__(self, calls: Iterable[Call] = ()) -> None:
+    def __init__(self, calls: Iterable[TraceCall] = ()) -> None:
         self._keys: list[tuple[float, float, str]] = []
-        self._calls: list[Call] = []
+        self._calls: list[TraceCall] = []
         self._component_starts: list[int] = []  # index into _calls of each component's first call
         self._component_steps: list[int] = []  # steps before each component
         self.steps: list[Step] = []
-        self.groups: list[tuple[Call, ...]] = []
+        self.groups: list[tuple[TraceCall, ...]] = []
         for call in calls:
             self.add(call)
 
     def __len__(self) -> int:
         return len(self._calls)
 
-    def add(self, call: Call) -> int:
+    def add(self, call: TraceCall) -> int:
         key = (call.start, call.end, call.request_id)
         index = bisect.bisect_right(self._keys, key)
         self._keys.insert(index, key)
