@@ -25,7 +25,7 @@ from clairvoyant.contracts.v1 import (
     profiler_pb2_grpc,
 )
 from clairvoyant.core.blockhash import sequence_hashes
-from clairvoyant.gateway.clients import ProfilerAnnotator
+from clairvoyant.gateway.clients import ProfilerClient
 from clairvoyant.gateway.metrics import UNANNOTATED_REASONS
 from tests.gateway.conftest import Stack, StackFactory
 from tests.gateway.fakes import MODEL, TOKENS, FakeWorker, WorkerEntry
@@ -85,9 +85,9 @@ def increase(before: dict[str, float]) -> dict[str, float]:
     return {reason: after[reason] - before[reason] for reason in after if after[reason] != before[reason]}
 
 
-def annotator_of(stack: Stack) -> ProfilerAnnotator:
+def annotator_of(stack: Stack) -> ProfilerClient:
     annotator = stack.server.frontend.annotator
-    assert isinstance(annotator, ProfilerAnnotator)
+    assert isinstance(annotator, ProfilerClient)
     return annotator
 
 

@@ -159,7 +159,7 @@ class WorkerPool:
                 await chan.close(grace=None)
 
 
-class Annotator(Protocol):
+class AnnotateClient(Protocol):
     async def annotate(
         self, request: GenerationRequest, prompt_tokens: int
     ) -> common_pb2.SysAnnotations | None:
@@ -191,7 +191,7 @@ def skip_reason(code: grpc.StatusCode, was_connected: bool) -> str:
     return "error"
 
 
-class ProfilerAnnotator:
+class ProfilerClient:
     """Asks the profiler within a few milliseconds; a slow or dead profiler means the reactive tier."""
 
     def __init__(self, address: str, timeout_s: float) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from clairvoyant.core.errors import ClairvoyantError
 from clairvoyant.gateway.auth import Authenticator
-from clairvoyant.gateway.clients import NoAnnotator, ProfilerAnnotator, SchedulerClient, WorkerPool
+from clairvoyant.gateway.clients import NoAnnotator, ProfilerClient, SchedulerClient, WorkerPool
 from clairvoyant.gateway.config import GatewaySettings
 from clairvoyant.gateway.keys import KeyStore
 from clairvoyant.gateway.models import ModelCatalog
@@ -35,7 +35,7 @@ class GatewayFrontend:
         self.workers = WorkerPool()
         self.models = ModelCatalog(self.scheduler, settings.model_cache_s)
         self.annotator = (
-            ProfilerAnnotator(settings.profiler_address, settings.profiler_timeout_s)
+            ProfilerClient(settings.profiler_address, settings.profiler_timeout_s)
             if settings.profiler_address
             else NoAnnotator()
         )
@@ -56,7 +56,7 @@ class GatewayFrontend:
         self._renewing = asyncio.create_task(
             self.pipeline.held.renew_forever(self.scheduler), name="gateway-lease-renewal"
         )
-        if isinstance(self.annotator, ProfilerAnnotator):
+        if isinstance(self.annotator, ProfilerClient):
             self.annotator.connect()
 
     def admit(self, authorization: str | None, request: GenerationRequest) -> dict[str, str]:
@@ -92,6 +92,6 @@ class GatewayFrontend:
         await self.pipeline.aclose()
         await self.scheduler.close()
         await self.workers.close()
-        if isinstance(self.annotator, ProfilerAnnotator):
+        if isinstance(self.annotator, ProfilerClient):
             await self.annotator.close()
         await asyncio.to_thread(self.keys.close)

@@ -34,7 +34,7 @@ from clairvoyant.core.errors import (
 from clairvoyant.core.telemetry import tracer
 from clairvoyant.core.wire import app_metadata_to_proto
 from clairvoyant.gateway import metrics
-from clairvoyant.gateway.clients import Annotator, NoAnnotator, SchedulerClient, WorkerPool
+from clairvoyant.gateway.clients import AnnotateClient, NoAnnotator, SchedulerClient, WorkerPool
 from clairvoyant.gateway.generation import Generation
 from clairvoyant.gateway.leases import HeldPlacements
 from clairvoyant.gateway.models import ModelCatalog, ServedModel
@@ -61,7 +61,7 @@ class Pipeline:
         workers: WorkerPool,
         models: ModelCatalog,
         records: RecordSink,
-        annotator: Annotator | None = None,
+        annotator: AnnotateClient | None = None,
         default_max_tokens: int = 256,
         now: Callable[[], float] = time.time,
         held: HeldPlacements | None = None,
