@@ -54,7 +54,7 @@ WINDOWS = ("baseline", "worker SIGKILL", "NATS restart", "scheduler restart", "g
 
 
 @dataclass
-class Outcome:
+class RequestFate:
     """One request's fate."""
 
     kind: str  # "good" | "bad" | "disconnect"
@@ -74,7 +74,7 @@ class Soak:
         # Faults run on this executor's thread, which must outlive the run: a service restarted
         # from a thread gets SIGTERM when that thread ends (``clairvoyant.stack.launcher._die_with_parent``).
         self.injector = injector
-        self.outcomes: list[Outcome] = []
+        self.outcomes: list[RequestFate] = []
         self.faults: list[float] = []  # when each fault was injected, seconds since the start
         self.t0 = 0.0
 
@@ -123,7 +123,7 @@ class Soak:
             answer = Answer("hung", "", f"no answer within {self.args.hang_after:.0f} s")
         except (httpx.HTTPError, ValueError, KeyError) as exc:
             answer = Answer("failed", "", f"{type(exc).__name__}: {exc}"[:160])
-        self.outcomes.append(Outcome(kind, started, self.now(), *answer))
+        self.outcomes.append(RequestFate(kind, started, self.now(), *answer))
 
     async def _inject_faults(self) -> None:
         for k, fault in enumerate(WINDOWS[1:], start=1):
