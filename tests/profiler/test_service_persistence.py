@@ -20,8 +20,8 @@ from clairvoyant.profiler.consumer import Learner
 from clairvoyant.profiler.core import CallRecord, ProfileStore, Tier, WorkflowProfile
 from clairvoyant.profiler.persistence import (
     VERSION_TABLE,
-    Base,
     LogEntry,
+    ProfileBase,
     ProfileRepository,
     ProfileRow,
     ProfileSnapshot,
@@ -114,7 +114,7 @@ def test_migrations_create_exactly_the_models_schema(database: str) -> None:
     repository = ProfileRepository(database)
     with repository.engine.connect() as conn:
         context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
-        diff = compare_metadata(context, Base.metadata)
+        diff = compare_metadata(context, ProfileBase.metadata)
         revision = context.get_current_revision()
     repository.close()
     assert diff == []

@@ -29,11 +29,11 @@ KEY_PREFIX = "cv-"
 DISPLAY_CHARS = 8
 
 
-class Base(DeclarativeBase):
+class KeysBase(DeclarativeBase):
     pass
 
 
-class ApiKey(Base):
+class ApiKey(KeysBase):
     __tablename__ = "api_keys"
 
     id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
@@ -148,7 +148,7 @@ class KeyStore:
         ) as exc:  # unparsable, no driver, no directory
             raise DatabaseError(describe_database_error(database_url, exc, setting)) from None
         try:
-            Base.metadata.create_all(self.engine)
+            KeysBase.metadata.create_all(self.engine)
             add_missing_columns(self.engine)
         except SQLAlchemyError as exc:
             self.engine.dispose()

@@ -73,11 +73,11 @@ MIGRATIONS = Path(__file__).with_name("migrations")
 Key = tuple[str, str]  # (tenant, workflow_type_id)
 
 
-class Base(DeclarativeBase):
+class ProfileBase(DeclarativeBase):
     pass
 
 
-class ProfileRow(Base):
+class ProfileRow(ProfileBase):
     __tablename__ = "profiler_profiles"
 
     tenant: Mapped[str] = mapped_column(String(128), primary_key=True)
@@ -90,7 +90,7 @@ class ProfileRow(Base):
     covers_seq: Mapped[int] = mapped_column(BigInteger, server_default="0")  # the last log row in ``state``
 
 
-class LogRow(Base):
+class LogRow(ProfileBase):
     __tablename__ = "profiler_log"
     __table_args__ = (Index("ix_profiler_log_profile_seq", "tenant", "workflow_type_id", "seq"),)
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection
 
-from clairvoyant.profiler.persistence import VERSION_TABLE, Base, make_engine
+from clairvoyant.profiler.persistence import VERSION_TABLE, ProfileBase, make_engine
 
 config = context.config
 
 
 def run_on(connection: Connection) -> None:
-    context.configure(connection=connection, target_metadata=Base.metadata, version_table=VERSION_TABLE)
+    context.configure(
+        connection=connection, target_metadata=ProfileBase.metadata, version_table=VERSION_TABLE
+    )
     with context.begin_transaction():
         context.run_migrations()
 
@@ -24,7 +26,7 @@ def run_on(connection: Connection) -> None:
 def run_offline() -> None:
     context.configure(
         url=config.get_main_option("sqlalchemy.url"),
-        target_metadata=Base.metadata,
+        target_metadata=ProfileBase.metadata,
         version_table=VERSION_TABLE,
         literal_binds=True,
     )
