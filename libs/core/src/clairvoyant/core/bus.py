@@ -157,6 +157,11 @@ class EventBus:
     def connected(self) -> bool:
         return self._nc is not None and self._nc.is_connected
 
+    @property
+    def outbox_depth(self) -> int:
+        """Records waiting for NATS (what ``cv_bus_outbox_depth`` shows for this process's bus)."""
+        return len(self._outbox)
+
     async def connect(self) -> bool:
         """Try once; on failure keep retrying in the background.  Returns whether connected now."""
         self._flusher = asyncio.create_task(self._flush_forever())
