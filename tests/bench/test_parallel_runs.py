@@ -10,7 +10,14 @@ import pytest
 
 from clairvoyant.bench.__main__ import main
 from clairvoyant.bench.common import RunBars
-from clairvoyant.bench.experiment import ExperimentConfig, build_cluster, compare, instance, make_annotator
+from clairvoyant.bench.experiment import (
+    ExperimentConfig,
+    build_cluster,
+    compare,
+    instance,
+    make_annotator,
+    run_sim,
+)
 from clairvoyant.bench.parallel import SimTask, default_jobs, run_tasks
 from clairvoyant.bench.sim.simulator import PROGRESS_EVERY_S, SimProgress, Simulator
 from clairvoyant.bench.sweep import sweep
@@ -91,7 +98,7 @@ def test_progress_slices_change_no_record() -> None:
 
 
 def test_a_failing_run_raises_in_the_caller() -> None:
-    tasks = [SimTask(PROFILED, "fcfs-rr", None), SimTask(PROFILED, "no-such-preset", None)]
+    tasks = [SimTask(PROFILED, "fcfs-rr", None, run_sim), SimTask(PROFILED, "no-such-preset", None, run_sim)]
     with pytest.raises(ValueError, match="no-such-preset"):
         run_tasks(tasks, jobs=2)
     with pytest.raises(ValueError, match="jobs must be at least 1"):
@@ -100,7 +107,7 @@ def test_a_failing_run_raises_in_the_caller() -> None:
 
 def test_prepared_annotator_crosses_to_the_processes_intact() -> None:
     prepared = make_annotator(PROFILED)
-    tasks = [SimTask(PROFILED, "pythia", prepared)] * 2
+    tasks = [SimTask(PROFILED, "pythia", prepared, run_sim)] * 2
     first, second = run_tasks(tasks, jobs=2)
     assert _canonical(first) == _canonical(second)
     assert _canonical(first) == _canonical(run_tasks(tasks[:1], jobs=1)[0])

@@ -29,7 +29,7 @@ from clairvoyant.bench.common import RunBars, progress
 from clairvoyant.bench.experiment import ANNOTATORS, ExperimentConfig, compare
 from clairvoyant.bench.live import validate  # noqa: F401  (registers the sim-vs-live benchmark)
 from clairvoyant.bench.live.cluster import LiveModeError
-from clairvoyant.bench.live.run import DEFAULT_BASE_URL, DEFAULT_SCHEDULER, LiveOptions
+from clairvoyant.bench.live.run import DEFAULT_BASE_URL, DEFAULT_SCHEDULER, LiveOptions, compare_live
 from clairvoyant.bench.parallel import default_jobs
 from clairvoyant.bench.workloads import WorkloadDataError, list_workloads
 from clairvoyant.policy import PRESETS
@@ -227,7 +227,7 @@ def run_command(args: argparse.Namespace) -> int:
                 jobs = jobs or default_jobs(len(policies))
                 result = compare(config, policies, jobs=jobs, on_progress=bars.update)
         else:
-            result = compare(config, policies, args.mode, live)
+            result = compare_live(config, policies, live)
     except LiveModeError as exc:
         raise SystemExit(f"error: {exc}") from None
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -36,9 +36,6 @@ from clairvoyant.bench.workloads import Workload, get_workload
 from clairvoyant.worker.core.engine import EngineConfig
 from clairvoyant.worker.runners.emulated import EmulatedRunner
 from clairvoyant.workloads.program import WorkflowProgram
-
-if TYPE_CHECKING:
-    from clairvoyant.bench.live.run import LiveOptions
 
 TP_CHOICES = (1, 2, 4, 8)
 QUEUE_SERIES_POINTS = 500  # per model, in the results file
@@ -184,28 +181,18 @@ def run_sim(
 def compare(
     config: ExperimentConfig,
     policies: list[str],
-    mode: str = "sim",
-    live: LiveOptions | None = None,
     *,
     jobs: int = 1,
     on_progress: ProgressCallback | None = None,
 ) -> dict[str, Any]:
-    """``mode`` "sim": every policy in the simulator, ``jobs`` runs at a time (parallel.py; the
-    results do not depend on it), ``on_progress`` called with (index in ``policies``, where that
-    run stands); "live": the running stack, whose scheduler runs exactly one policy
-    (``live.run``; raises ``live.cluster.LiveModeError``)."""
-    if mode not in ("sim", "live"):
-        raise ValueError(f"unknown mode {mode!r}; choose sim or live")
+    """Every policy in the simulator, ``jobs`` runs at a time (parallel.py; the results do not
+    depend on it), ``on_progress`` called with (index in ``policies``, where that run stands).
+    The live counterpart is ``live.run.compare_live``."""
     started = time.perf_counter()
-    if mode == "live":
-        from clairvoyant.bench.live.run import LiveOptions, run_live  # the live package imports this module
-
-        results = run_live(config, policies, live or LiveOptions())
-    else:
-        prepared = make_annotator(config)
-        tasks = [SimTask(config, policy, prepared) for policy in policies]
-        results = dict(zip(policies, run_tasks(tasks, jobs, on_progress), strict=True))
-    return compare_result(config, mode, results, time.perf_counter() - started)
+    prepared = make_annotator(config)
+    tasks = [SimTask(config, policy, prepared, run_sim) for policy in policies]
+    results = dict(zip(policies, run_tasks(tasks, jobs, on_progress), strict=True))
+    return compare_result(config, "sim", results, time.perf_counter() - started)
 
 
 def compare_result(config: ExperimentConfig, mode: str, results: dict[str, Any], wall_seconds: float) -> dict[str, Any]:

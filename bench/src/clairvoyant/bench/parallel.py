@@ -34,6 +34,9 @@ class SimTask(NamedTuple):
     config: Any
     policy: str
     annotator: Annotator | None  # prepared (``experiment.make_annotator``); each run copies it
+    # What runs it (``experiment.run_sim``): a module-level function, so a spawned process gets it
+    # by reference.  Passed in, so that this module needs nothing of the experiment's.
+    simulate: Callable[..., dict[str, Any]]
 
 
 def default_jobs(tasks: int) -> int:
@@ -48,7 +51,7 @@ def run_tasks(
     on_progress: ProgressCallback | None = None,
     on_result: ResultCallback | None = None,
 ) -> list[dict[str, Any]]:
-    """``run_sim`` of every task, ``jobs`` at a time; results in task order.  A run that raises
+    """Every task's run (its ``simulate``), ``jobs`` at a time; results in task order.  A run that raises
     cancels the runs not yet started and re-raises in the caller."""
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
@@ -86,10 +89,8 @@ def run_tasks(
 
 
 def _run(index: int, task: SimTask, on_progress: ProgressCallback | None) -> dict[str, Any]:
-    from clairvoyant.bench.experiment import run_sim  # experiment imports this module
-
     report = None if on_progress is None else (lambda where: on_progress(index, where))
-    return run_sim(task.config, task.policy, task.annotator, progress=report)
+    return task.simulate(task.config, task.policy, task.annotator, progress=report)
 
 
 def _forward(updates: Any, on_progress: ProgressCallback | None) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from clairvoyant.bench.common import RunBars, progress, rounded
-from clairvoyant.bench.experiment import ExperimentConfig, compare_result, make_annotator
+from clairvoyant.bench.experiment import ExperimentConfig, compare_result, make_annotator, run_sim
 from clairvoyant.bench.parallel import ProgressCallback, SimTask, default_jobs, run_tasks
 from clairvoyant.bench.workloads import list_workloads
 from clairvoyant.policy import PRESETS
@@ -61,7 +61,7 @@ def sweep(
         for load, count in zip(loads, counts, strict=True)
     ]
     prepared = [make_annotator(c) for c in configs]  # once per level, as ``compare`` does
-    tasks = [SimTask(c, policy, a) for c, a in zip(configs, prepared, strict=True) for policy in policies]
+    tasks = [SimTask(c, policy, a, run_sim) for c, a in zip(configs, prepared, strict=True) for policy in policies]
     points: list[dict[str, Any] | None] = [None] * len(loads)
     runs: dict[int, dict[str, Any]] = {}
 

@@ -19,7 +19,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from clairvoyant.bench.common import percentile, progress
-from clairvoyant.bench.experiment import QUEUE_SERIES_POINTS, ExperimentConfig, build_cluster, instance
+from clairvoyant.bench.experiment import (
+    QUEUE_SERIES_POINTS,
+    ExperimentConfig,
+    build_cluster,
+    compare_result,
+    instance,
+)
 from clairvoyant.bench.live.cluster import (
     LiveCluster,
     LiveModeError,
@@ -74,6 +80,14 @@ def cluster_warnings(config: ExperimentConfig, replicas: Sequence[ReplicaSpec], 
                 f"{model} on {config.gpu} {sim[0].config.num_blocks}; the lower bound assumes {config.gpu} (--gpu)"
             )
     return warnings
+
+
+def compare_live(config: ExperimentConfig, policies: Sequence[str], options: LiveOptions) -> dict[str, Any]:
+    """``experiment.compare``'s result for the running stack, whose scheduler runs exactly one
+    policy.  Raises LiveModeError."""
+    started = time.perf_counter()
+    results = run_live(config, policies, options)
+    return compare_result(config, "live", results, time.perf_counter() - started)
 
 
 def run_live(config: ExperimentConfig, policies: Sequence[str], options: LiveOptions) -> dict[str, dict[str, Any]]:
