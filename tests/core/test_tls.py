@@ -270,3 +270,23 @@ async def test_gateway_serves_and_dials_over_mutual_tls(ca: TestCA, tmp_path: Pa
         await bus.close()
         for server, _ in servers:
             await server.stop(None)
+
+
+async def test_the_container_health_probe_dials_with_the_services_own_tls(
+    ca: TestCA, health_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gRPC images' HEALTHCHECK (``grpc_health_serving``) reads CV_GRPC_TLS* as the service does."""
+    import asyncio
+
+    from clairvoyant.core.healthcheck import grpc_health_serving
+
+    files = ca.issue("services")
+    address = await health_server(server_tls(ca, files, client_auth=True))
+    for name, value in tls_env(ca, files, client_auth=True).items():
+        monkeypatch.setenv(f"CV_{name.upper()}", str(value).lower() if isinstance(value, bool) else value)
+    assert await asyncio.to_thread(grpc_health_serving, address)
+    monkeypatch.setenv("CV_GRPC_TLS", "false")  # a plaintext probe of a TLS server: unhealthy, no exception
+    monkeypatch.setenv("CV_GRPC_TLS_CLIENT_AUTH", "false")
+    assert not await asyncio.to_thread(grpc_health_serving, address)
+    plain = await health_server(GrpcTls())
+    assert await asyncio.to_thread(grpc_health_serving, plain)
