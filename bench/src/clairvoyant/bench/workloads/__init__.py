@@ -1,50 +1,5 @@
 """The bench's name for the workload library, which lives in ``clairvoyant.workloads`` (libs/workloads)
 so that the profiler's offline evaluation reads the same programs without importing the bench."""
 
-from clairvoyant.workloads import (
-    WORKLOADS,
-    AgentStats,
-    Call,
-    CallSegment,
-    NewSegment,
-    ProgramError,
-    Segment,
-    SpecError,
-    SpecWorkload,
-    SystemSegment,
-    ToolStats,
-    TraceWorkload,
-    WorkflowProgram,
-    WorkflowSpec,
-    Workload,
-    WorkloadDataError,
-    WorkloadError,
-    WorkloadStats,
-    get_workload,
-    list_workloads,
-    load_spec,
-)
-
-__all__ = [
-    "WORKLOADS",
-    "AgentStats",
-    "Call",
-    "CallSegment",
-    "NewSegment",
-    "ProgramError",
-    "Segment",
-    "SpecError",
-    "SpecWorkload",
-    "SystemSegment",
-    "ToolStats",
-    "TraceWorkload",
-    "WorkflowProgram",
-    "WorkflowSpec",
-    "Workload",
-    "WorkloadDataError",
-    "WorkloadError",
-    "WorkloadStats",
-    "get_workload",
-    "list_workloads",
-    "load_spec",
-]
+from clairvoyant.workloads import *  # noqa: F403 - the library's public names, as they are
+from clairvoyant.workloads import __all__ as __all__

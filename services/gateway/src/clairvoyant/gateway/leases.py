@@ -28,7 +28,6 @@ class LeaseRenewer(Protocol):
 
 @dataclass
 class _Held:
-    worker_id: str
     lease_s: float  # 0: the placement has no lease (an older scheduler)
     renewed_at: float
 
@@ -50,8 +49,8 @@ class HeldPlacements:
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._held
 
-    def hold(self, request_id: str, worker_id: str, lease_s: float) -> None:
-        self._held[request_id] = _Held(worker_id, lease_s, self._now())
+    def hold(self, request_id: str, lease_s: float) -> None:
+        self._held[request_id] = _Held(lease_s, self._now())
 
     def drop(self, request_id: str) -> None:
         self._held.pop(request_id, None)

@@ -121,7 +121,7 @@ class Pipeline:
             schedule_msg.exclude_workers.extend(excluded)
             placement = await self._schedule(schedule_msg)
             # From here until a Generation owns the placement, any failure must release it.
-            self.held.hold(request.request_id, placement.worker_id, placement.lease_s)
+            self.held.hold(request.request_id, placement.lease_s)
             try:
                 generation = self._attempt(request, placement, annotations, generate_msg, request_span)
             except BaseException:

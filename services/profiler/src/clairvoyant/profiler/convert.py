@@ -7,13 +7,12 @@ from typing import NamedTuple
 from clairvoyant.contracts.v1 import common_pb2, profiler_pb2
 from clairvoyant.core.wire import annotations_to_proto
 from clairvoyant.profiler.core import Annotation, CallRecord, Tier, WorkflowProfile
+from clairvoyant.profiler.core.sys_annotations import CONFIDENCE as TIER_CONFIDENCE
 from clairvoyant.profiler.core.sys_annotations import sys_annotations as core_sys_annotations
 
+# The wire enum's numbers are core's Confidence's (one mapping from tiers: the core's).
 CONFIDENCE: dict[Tier, common_pb2.Confidence] = {
-    Tier.NONE: common_pb2.CONFIDENCE_NONE,
-    Tier.SHADOW: common_pb2.CONFIDENCE_SHADOW,
-    Tier.LOW: common_pb2.CONFIDENCE_LOW,
-    Tier.HIGH: common_pb2.CONFIDENCE_HIGH,
+    tier: common_pb2.Confidence.ValueType(confidence) for tier, confidence in TIER_CONFIDENCE.items()
 }
 
 

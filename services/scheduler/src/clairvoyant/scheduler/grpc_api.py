@@ -179,6 +179,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._dispatch()  # reclaimed placements and answering workers may have made room
 
     def _log_reclaimed(self, reclaimed: list[Reclaimed], model: str | None = None) -> None:
+        if not reclaimed:  # the usual case, on every heartbeat and expiry pass
+            return
         models = {w.worker_id: w.model for w in self.core.workers()}
         for gone in reclaimed:
             logger.warning(

@@ -46,7 +46,7 @@ from clairvoyant.policy.types import (
 )
 from clairvoyant.scheduler.core.inspection import SchedulerInspection
 from clairvoyant.scheduler.core.leases import LeaseBook, Reclaimed
-from clairvoyant.scheduler.core.placements import Placement, PlacementBook
+from clairvoyant.scheduler.core.placements import PlacementBook
 from clairvoyant.scheduler.core.queues import GlobalQueues
 from clairvoyant.scheduler.core.workers import WorkerRegistry
 
@@ -178,18 +178,17 @@ class GlobalScheduler(SchedulerInspection):
 
     def reclaim(self, now: float) -> list[Reclaimed]:
         """Release the placements whose lease ran out (their owner stopped renewing)."""
-        return self._release_reclaimed(self._placements.reclaim_expired(now))
+        return self._release_all(self._placements.expired(now))
 
     def reconcile(self, worker_id: str, held: frozenset[str], now: float) -> list[Reclaimed]:
         """``worker_id`` holds exactly ``held``: release the placements on it that it has not
         heard of for a while (``LeaseBook.reconcile``)."""
-        return self._release_reclaimed(self._placements.reconcile(worker_id, held, now))
+        return self._release_all(self._placements.unknown_to_worker(worker_id, held, now))
 
-    def _release_reclaimed(self, reclaimed: list[tuple[Reclaimed, Placement]]) -> list[Reclaimed]:
-        for _, held in reclaimed:
-            self._workers.add_placed(held.worker_id, -1)
-            self.programs.on_cancel(held.request)
-        return [gone for gone, _ in reclaimed]
+    def _release_all(self, reclaimed: list[Reclaimed]) -> list[Reclaimed]:
+        for gone in reclaimed:  # as an abandoned placement: the program learns no service
+            self.complete(gone.request_id)
+        return reclaimed
 
     def end_workflow(self, tenant: str, workflow_id: str) -> bool:
         """The application says the workflow is over: drop its process-table entry."""

@@ -54,28 +54,19 @@ class PlacementBook:
         """Extend ``owner``'s leases on these placements; returns the ids it holds none on."""
         return [] if self.leases is None else self.leases.renew(owner, request_ids, now)
 
-    def reclaim_expired(self, now: float) -> list[tuple[Reclaimed, Placement]]:
-        """End the placements whose lease ran out, oldest first."""
-        return self._drop_reclaimed([] if self.leases is None else self.leases.expired(now))
+    def expired(self, now: float) -> list[Reclaimed]:
+        """The placements whose lease ran out, oldest first; their leases end here, and the
+        caller ``release``s each."""
+        return [] if self.leases is None else self.leases.expired(now)
 
-    def reconcile(self, worker_id: str, held: frozenset[str], now: float) -> list[tuple[Reclaimed, Placement]]:
-        """``worker_id`` holds exactly ``held``: end the placements on it that it has not heard of
-        for a while (``LeaseBook.reconcile``)."""
-        return self._drop_reclaimed([] if self.leases is None else self.leases.reconcile(worker_id, held, now))
-
-    def _drop_reclaimed(self, reclaimed: list[Reclaimed]) -> list[tuple[Reclaimed, Placement]]:
-        dropped = []
-        for gone in reclaimed:  # the lease is already released; the placement follows
-            held = self._placements.pop(gone.request_id)
-            del self._placed_on[held.worker_id][gone.request_id]
-            dropped.append((gone, held))
-        return dropped
+    def unknown_to_worker(self, worker_id: str, held: frozenset[str], now: float) -> list[Reclaimed]:
+        """``worker_id`` holds exactly ``held``: the placements on it that it has not heard of for
+        a while (``LeaseBook.reconcile``); their leases end here, and the caller ``release``s each."""
+        return [] if self.leases is None else self.leases.reconcile(worker_id, held, now)
 
     def fail_worker(self, worker_id: str) -> list[Placement]:
         """The worker is gone: end its placements (in placement order) and drop their leases."""
-        failed = [rid for rid, p in self._placements.items() if p.worker_id == worker_id]
-        placements = [self._placements.pop(rid) for rid in failed]
-        self._placed_on.pop(worker_id, None)
+        placements = [self._placements.pop(rid) for rid in self._placed_on.pop(worker_id, {})]
         if self.leases is not None:
             self.leases.forget_worker(worker_id)
         return placements
