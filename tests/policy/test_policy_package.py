@@ -28,7 +28,7 @@ from clairvoyant.policy.autellix import KQueueRule
 from clairvoyant.policy.capabilities import check_capabilities
 from clairvoyant.policy.presets import PresetRegistry
 from clairvoyant.policy.pythia import PythiaAgingRule
-from clairvoyant.policy.scaling import ReplicaState
+from clairvoyant.policy.scaling import ReplicaPhase, ReplicaState
 from clairvoyant.worker.core.radix_cache import BlockTag, RadixCache
 
 pytestmark = pytest.mark.unit
@@ -126,7 +126,7 @@ def test_static_scaling_keeps_the_replicas_it_has() -> None:
         replicas=(
             ReplicaState("r0", "llama-8b", 1, running=3),
             ReplicaState("r1", "llama-8b", 1, running=0),
-            ReplicaState("r2", "qwen-32b", 2, running=5, draining=True),
+            ReplicaState("r2", "qwen-32b", 2, running=5, phase=ReplicaPhase.DRAINING),
         ),
         queued={"llama-8b": 400},
         gpu_budget=8,

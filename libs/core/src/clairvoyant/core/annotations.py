@@ -34,6 +34,16 @@ class NextAgent:
 
 
 @dataclass(frozen=True, slots=True)
+class ProjectedCalls:
+    """Pythia Alg. 4's ProjectGraph, one term: ``expected_calls`` of ``agent_id`` in the
+    ``step``-th step after the request's own (1 = the next step)."""
+
+    step: int
+    agent_id: str
+    expected_calls: float
+
+
+@dataclass(frozen=True, slots=True)
 class SysAnnotations:
     confidence: Confidence = Confidence.UNSPECIFIED
     predicted_output_len: LengthInterval | None = None
@@ -45,3 +55,4 @@ class SysAnnotations:
     # Per-policy extras
     kairos_rank: float | None = None  # the agent's priority rank (Kairos)
     attained_service_s: float | None = None  # the program's attained service (Autellix)
+    projection: tuple[ProjectedCalls, ...] = ()  # expected calls per agent in each coming step

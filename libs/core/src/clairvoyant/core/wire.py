@@ -4,7 +4,7 @@ NATS adapters."""
 from __future__ import annotations
 
 from clairvoyant.contracts.v1 import common_pb2
-from clairvoyant.core.annotations import Confidence, LengthInterval, NextAgent, SysAnnotations
+from clairvoyant.core.annotations import Confidence, LengthInterval, NextAgent, ProjectedCalls, SysAnnotations
 from clairvoyant.core.app_metadata import OPTIONAL_IDS, AppMetadata
 
 
@@ -46,6 +46,10 @@ def annotations_to_proto(annotations: SysAnnotations) -> common_pb2.SysAnnotatio
             for a in annotations.next_agents
         ],
         prompt_composition=annotations.prompt_composition,
+        projection=[
+            common_pb2.ProjectedCalls(step=p.step, agent_id=p.agent_id, expected_calls=p.expected_calls)
+            for p in annotations.projection
+        ],
     )
     length = annotations.predicted_output_len
     if length is not None:
@@ -66,6 +70,7 @@ def annotations_from_proto(msg: common_pb2.SysAnnotations) -> SysAnnotations:
         predicted_path_regex=msg.predicted_path_regex,
         next_agents=tuple(NextAgent(a.agent_id, a.probability) for a in msg.next_agents),
         prompt_composition=msg.prompt_composition,
+        projection=tuple(ProjectedCalls(p.step, p.agent_id, p.expected_calls) for p in msg.projection),
         **numbers,
     )
 

@@ -23,7 +23,19 @@ from clairvoyant.policy.presets import (
     build_scaling_policy,
     engine_rule_of,
 )
-from clairvoyant.policy.scaling import SCALING_POLICIES, ScalingDecision, ScalingInput, ScalingPolicy
+from clairvoyant.policy.scaling import (
+    SCALING_POLICIES,
+    ActiveCall,
+    ModelProfile,
+    ModelTraffic,
+    ReplicaPhase,
+    ReplicaState,
+    ScalingActions,
+    ScalingDecision,
+    ScalingInput,
+    ScalingPolicy,
+    plan_actions,
+)
 from clairvoyant.policy.scheduling import (
     PRIORITY_POLICIES,
     ROUTING_POLICIES,
@@ -35,6 +47,7 @@ from clairvoyant.policy.scheduling import (
 )
 
 __all__ = [
+    "ActiveCall",
     "CACHE_POLICIES",
     "PRESETS",
     "PRIORITY_POLICIES",
@@ -49,6 +62,11 @@ __all__ = [
     "Preset",
     "PriorityPolicy",
     "RoutingPolicy",
+    "ModelProfile",
+    "ModelTraffic",
+    "ReplicaPhase",
+    "ReplicaState",
+    "ScalingActions",
     "ScalingDecision",
     "ScalingInput",
     "ScalingPolicy",
@@ -60,4 +78,5 @@ __all__ = [
     "capabilities_of",
     "eligible_workers",
     "engine_rule_of",
+    "plan_actions",
 ]

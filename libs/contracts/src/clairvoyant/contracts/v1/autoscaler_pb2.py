@@ -24,25 +24,29 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x63lairvoyant/v1/autoscaler.proto\x12\x0e\x63lairvoyant.v1\"\x19\n\x17\x41utoscalerStatusRequest\"Q\n\rModelReplicas\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07\x63urrent\x18\x02 \x01(\r\x12\x0e\n\x06target\x18\x03 \x01(\r\x12\x10\n\x08\x64raining\x18\x04 \x03(\t\"Q\n\x10\x41utoscalerStatus\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12-\n\x06models\x18\x02 \x03(\x0b\x32\x1d.clairvoyant.v1.ModelReplicas\":\n\x12ScalingPlanRequest\x12\x16\n\thorizon_s\x18\x01 \x01(\x01H\x00\x88\x01\x01\x42\x0c\n\n_horizon_s\"`\n\x0fScalingDecision\x12\r\n\x05model\x18\x01 \x01(\t\x12\x17\n\x0ftarget_replicas\x18\x02 \x01(\r\x12\x15\n\rdrain_workers\x18\x03 \x03(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"A\n\x0bScalingPlan\x12\x32\n\tdecisions\x18\x01 \x03(\x0b\x32\x1f.clairvoyant.v1.ScalingDecision2\xaa\x01\n\nAutoscaler\x12S\n\x06Status\x12\'.clairvoyant.v1.AutoscalerStatusRequest\x1a .clairvoyant.v1.AutoscalerStatus\x12G\n\x04Plan\x12\".clairvoyant.v1.ScalingPlanRequest\x1a\x1b.clairvoyant.v1.ScalingPlanb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x63lairvoyant/v1/autoscaler.proto\x12\x0e\x63lairvoyant.v1\"\x19\n\x17\x41utoscalerStatusRequest\"}\n\rModelReplicas\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07\x63urrent\x18\x02 \x01(\r\x12\x0e\n\x06target\x18\x03 \x01(\r\x12\x10\n\x08\x64raining\x18\x04 \x03(\t\x12\x10\n\x08starting\x18\x05 \x03(\t\x12\x18\n\x10gpus_per_replica\x18\x06 \x01(\r\"\xc2\x01\n\x10\x41utoscalerStatus\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12-\n\x06models\x18\x02 \x03(\x0b\x32\x1d.clairvoyant.v1.ModelReplicas\x12\x12\n\ngpu_budget\x18\x03 \x01(\r\x12\x13\n\x0bgpus_in_use\x18\x04 \x01(\r\x12\x1b\n\x13\x66\x61iled_starts_total\x18\x05 \x01(\x04\x12\x17\n\x0flast_tick_age_s\x18\x06 \x01(\x01\x12\x10\n\x08\x61\x63tuator\x18\x07 \x01(\t\"h\n\x12ScalingPlanRequest\x12\x16\n\thorizon_s\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x1a\n\rhorizon_steps\x18\x02 \x01(\rH\x01\x88\x01\x01\x42\x0c\n\n_horizon_sB\x10\n\x0e_horizon_steps\"`\n\x0fScalingDecision\x12\r\n\x05model\x18\x01 \x01(\t\x12\x17\n\x0ftarget_replicas\x18\x02 \x01(\r\x12\x15\n\rdrain_workers\x18\x03 \x03(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\xb8\x01\n\x0bScalingPlan\x12\x32\n\tdecisions\x18\x01 \x03(\x0b\x32\x1f.clairvoyant.v1.ScalingDecision\x12\x41\n\x0b\x64iagnostics\x18\x02 \x03(\x0b\x32,.clairvoyant.v1.ScalingPlan.DiagnosticsEntry\x1a\x32\n\x10\x44iagnosticsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\xaa\x01\n\nAutoscaler\x12S\n\x06Status\x12\'.clairvoyant.v1.AutoscalerStatusRequest\x1a .clairvoyant.v1.AutoscalerStatus\x12G\n\x04Plan\x12\".clairvoyant.v1.ScalingPlanRequest\x1a\x1b.clairvoyant.v1.ScalingPlanb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'clairvoyant.v1.autoscaler_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_SCALINGPLAN_DIAGNOSTICSENTRY']._loaded_options = None
+  _globals['_SCALINGPLAN_DIAGNOSTICSENTRY']._serialized_options = b'8\001'
   _globals['_AUTOSCALERSTATUSREQUEST']._serialized_start=51
   _globals['_AUTOSCALERSTATUSREQUEST']._serialized_end=76
   _globals['_MODELREPLICAS']._serialized_start=78
-  _globals['_MODELREPLICAS']._serialized_end=159
-  _globals['_AUTOSCALERSTATUS']._serialized_start=161
-  _globals['_AUTOSCALERSTATUS']._serialized_end=242
-  _globals['_SCALINGPLANREQUEST']._serialized_start=244
-  _globals['_SCALINGPLANREQUEST']._serialized_end=302
-  _globals['_SCALINGDECISION']._serialized_start=304
-  _globals['_SCALINGDECISION']._serialized_end=400
-  _globals['_SCALINGPLAN']._serialized_start=402
-  _globals['_SCALINGPLAN']._serialized_end=467
-  _globals['_AUTOSCALER']._serialized_start=470
-  _globals['_AUTOSCALER']._serialized_end=640
+  _globals['_MODELREPLICAS']._serialized_end=203
+  _globals['_AUTOSCALERSTATUS']._serialized_start=206
+  _globals['_AUTOSCALERSTATUS']._serialized_end=400
+  _globals['_SCALINGPLANREQUEST']._serialized_start=402
+  _globals['_SCALINGPLANREQUEST']._serialized_end=506
+  _globals['_SCALINGDECISION']._serialized_start=508
+  _globals['_SCALINGDECISION']._serialized_end=604
+  _globals['_SCALINGPLAN']._serialized_start=607
+  _globals['_SCALINGPLAN']._serialized_end=791
+  _globals['_SCALINGPLAN_DIAGNOSTICSENTRY']._serialized_start=741
+  _globals['_SCALINGPLAN_DIAGNOSTICSENTRY']._serialized_end=791
+  _globals['_AUTOSCALER']._serialized_start=794
+  _globals['_AUTOSCALER']._serialized_end=964
 # @@protoc_insertion_point(module_scope)

@@ -68,7 +68,7 @@ class NextAgent(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., probability: _Optional[float] = ...) -> None: ...
 
 class SysAnnotations(_message.Message):
-    __slots__ = ("predicted_output_len", "predicted_path_regex", "expected_remaining_steps", "expected_remaining_time_s", "next_agents", "prompt_composition", "confidence", "kairos_rank", "attained_service_s")
+    __slots__ = ("predicted_output_len", "predicted_path_regex", "expected_remaining_steps", "expected_remaining_time_s", "next_agents", "prompt_composition", "confidence", "kairos_rank", "attained_service_s", "projection")
     PREDICTED_OUTPUT_LEN_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_PATH_REGEX_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_REMAINING_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +78,7 @@ class SysAnnotations(_message.Message):
     CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
     KAIROS_RANK_FIELD_NUMBER: _ClassVar[int]
     ATTAINED_SERVICE_S_FIELD_NUMBER: _ClassVar[int]
+    PROJECTION_FIELD_NUMBER: _ClassVar[int]
     predicted_output_len: LengthInterval
     predicted_path_regex: str
     expected_remaining_steps: float
@@ -87,7 +88,18 @@ class SysAnnotations(_message.Message):
     confidence: Confidence
     kairos_rank: float
     attained_service_s: float
-    def __init__(self, predicted_output_len: _Optional[_Union[LengthInterval, _Mapping]] = ..., predicted_path_regex: _Optional[str] = ..., expected_remaining_steps: _Optional[float] = ..., expected_remaining_time_s: _Optional[float] = ..., next_agents: _Optional[_Iterable[_Union[NextAgent, _Mapping]]] = ..., prompt_composition: _Optional[str] = ..., confidence: _Optional[_Union[Confidence, str]] = ..., kairos_rank: _Optional[float] = ..., attained_service_s: _Optional[float] = ...) -> None: ...
+    projection: _containers.RepeatedCompositeFieldContainer[ProjectedCalls]
+    def __init__(self, predicted_output_len: _Optional[_Union[LengthInterval, _Mapping]] = ..., predicted_path_regex: _Optional[str] = ..., expected_remaining_steps: _Optional[float] = ..., expected_remaining_time_s: _Optional[float] = ..., next_agents: _Optional[_Iterable[_Union[NextAgent, _Mapping]]] = ..., prompt_composition: _Optional[str] = ..., confidence: _Optional[_Union[Confidence, str]] = ..., kairos_rank: _Optional[float] = ..., attained_service_s: _Optional[float] = ..., projection: _Optional[_Iterable[_Union[ProjectedCalls, _Mapping]]] = ...) -> None: ...
+
+class ProjectedCalls(_message.Message):
+    __slots__ = ("step", "agent_id", "expected_calls")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_CALLS_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    agent_id: str
+    expected_calls: float
+    def __init__(self, step: _Optional[int] = ..., agent_id: _Optional[str] = ..., expected_calls: _Optional[float] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ("max_tokens", "temperature", "top_p", "seed", "stop", "ignore_eos", "min_tokens")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from clairvoyant.contracts.v1 import common_pb2 as clairvoyant_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63lairvoyant/v1/scheduler.proto\x12\x0e\x63lairvoyant.v1\x1a\x1b\x63lairvoyant/v1/common.proto\"\xff\x01\n\x0fScheduleRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x31\n\x0c\x61pp_metadata\x18\x04 \x01(\x0b\x32\x1b.clairvoyant.v1.AppMetadata\x12\x33\n\x0b\x61nnotations\x18\x05 \x01(\x0b\x32\x1e.clairvoyant.v1.SysAnnotations\x12\x15\n\rprompt_tokens\x18\x06 \x01(\r\x12\x12\n\nmax_tokens\x18\x07 \x01(\r\x12\x17\n\x0f\x65xclude_workers\x18\x08 \x03(\t\x12\r\n\x05owner\x18\t \x01(\t\"\xe0\x01\n\tPlacement\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x16\n\x0eworker_address\x18\x03 \x01(\t\x12\x15\n\rbase_priority\x18\x04 \x01(\x01\x12\x14\n\x0cqueue_wait_s\x18\x05 \x01(\x01\x12\x13\n\x0b\x63\x61\x63he_hints\x18\x06 \x03(\t\x12\x0e\n\x06preset\x18\x07 \x01(\t\x12\x0f\n\x07lease_s\x18\x08 \x01(\x01\x12\x16\n\x0eprogram_wait_s\x18\t \x01(\x01\x12\x19\n\x11program_service_s\x18\n \x01(\x01\"g\n\x0f\x43ompleteRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12-\n\x06status\x18\x03 \x01(\x0e\x32\x1d.clairvoyant.v1.RequestStatus\"$\n\x10\x43ompleteResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"2\n\x0cRenewRequest\x12\r\n\x05owner\x18\x01 \x01(\t\x12\x13\n\x0brequest_ids\x18\x02 \x03(\t\",\n\rRenewResponse\x12\x1b\n\x13unknown_request_ids\x18\x01 \x03(\t\"\x11\n\x0fSnapshotRequest\"\x92\x02\n\x0bWorkerState\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0f\n\x07running\x18\x04 \x01(\r\x12\x0e\n\x06queued\x18\x05 \x01(\r\x12\x0e\n\x06placed\x18\x06 \x01(\r\x12\x11\n\tmax_batch\x18\x07 \x01(\r\x12\x16\n\x0ekv_blocks_used\x18\x08 \x01(\x04\x12\x17\n\x0fkv_blocks_total\x18\t \x01(\x04\x12\x10\n\x08\x64raining\x18\n \x01(\x08\x12\x1c\n\x14last_heartbeat_age_s\x18\x0b \x01(\x01\x12\x15\n\rmax_model_len\x18\x0c \x01(\r\x12\x14\n\x0chttp_address\x18\r \x01(\t\"<\n\nModelQueue\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05\x64\x65pth\x18\x02 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\r\"}\n\x11SchedulerSnapshot\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12*\n\x06queues\x18\x02 \x03(\x0b\x32\x1a.clairvoyant.v1.ModelQueue\x12,\n\x07workers\x18\x03 \x03(\x0b\x32\x1b.clairvoyant.v1.WorkerState\"0\n\x0c\x44rainRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x64rain\x18\x02 \x01(\x08\"\x1e\n\rDrainResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x32\xfe\x02\n\tScheduler\x12\x46\n\x08Schedule\x12\x1f.clairvoyant.v1.ScheduleRequest\x1a\x19.clairvoyant.v1.Placement\x12M\n\x08\x43omplete\x12\x1f.clairvoyant.v1.CompleteRequest\x1a .clairvoyant.v1.CompleteResponse\x12\x44\n\x05Renew\x12\x1c.clairvoyant.v1.RenewRequest\x1a\x1d.clairvoyant.v1.RenewResponse\x12N\n\x08Snapshot\x12\x1f.clairvoyant.v1.SnapshotRequest\x1a!.clairvoyant.v1.SchedulerSnapshot\x12\x44\n\x05\x44rain\x12\x1c.clairvoyant.v1.DrainRequest\x1a\x1d.clairvoyant.v1.DrainResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63lairvoyant/v1/scheduler.proto\x12\x0e\x63lairvoyant.v1\x1a\x1b\x63lairvoyant/v1/common.proto\"\xff\x01\n\x0fScheduleRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x31\n\x0c\x61pp_metadata\x18\x04 \x01(\x0b\x32\x1b.clairvoyant.v1.AppMetadata\x12\x33\n\x0b\x61nnotations\x18\x05 \x01(\x0b\x32\x1e.clairvoyant.v1.SysAnnotations\x12\x15\n\rprompt_tokens\x18\x06 \x01(\r\x12\x12\n\nmax_tokens\x18\x07 \x01(\r\x12\x17\n\x0f\x65xclude_workers\x18\x08 \x03(\t\x12\r\n\x05owner\x18\t \x01(\t\"\xe0\x01\n\tPlacement\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x16\n\x0eworker_address\x18\x03 \x01(\t\x12\x15\n\rbase_priority\x18\x04 \x01(\x01\x12\x14\n\x0cqueue_wait_s\x18\x05 \x01(\x01\x12\x13\n\x0b\x63\x61\x63he_hints\x18\x06 \x03(\t\x12\x0e\n\x06preset\x18\x07 \x01(\t\x12\x0f\n\x07lease_s\x18\x08 \x01(\x01\x12\x16\n\x0eprogram_wait_s\x18\t \x01(\x01\x12\x19\n\x11program_service_s\x18\n \x01(\x01\"~\n\x0f\x43ompleteRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12-\n\x06status\x18\x03 \x01(\x0e\x32\x1d.clairvoyant.v1.RequestStatus\x12\x15\n\routput_tokens\x18\x04 \x01(\r\"$\n\x10\x43ompleteResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"2\n\x0cRenewRequest\x12\r\n\x05owner\x18\x01 \x01(\t\x12\x13\n\x0brequest_ids\x18\x02 \x03(\t\",\n\rRenewResponse\x12\x1b\n\x13unknown_request_ids\x18\x01 \x03(\t\"\x11\n\x0fSnapshotRequest\"\x92\x02\n\x0bWorkerState\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0f\n\x07running\x18\x04 \x01(\r\x12\x0e\n\x06queued\x18\x05 \x01(\r\x12\x0e\n\x06placed\x18\x06 \x01(\r\x12\x11\n\tmax_batch\x18\x07 \x01(\r\x12\x16\n\x0ekv_blocks_used\x18\x08 \x01(\x04\x12\x17\n\x0fkv_blocks_total\x18\t \x01(\x04\x12\x10\n\x08\x64raining\x18\n \x01(\x08\x12\x1c\n\x14last_heartbeat_age_s\x18\x0b \x01(\x01\x12\x15\n\rmax_model_len\x18\x0c \x01(\r\x12\x14\n\x0chttp_address\x18\r \x01(\t\"<\n\nModelQueue\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05\x64\x65pth\x18\x02 \x01(\r\x12\x10\n\x08\x63\x61pacity\x18\x03 \x01(\r\"}\n\x11SchedulerSnapshot\x12\x0e\n\x06policy\x18\x01 \x01(\t\x12*\n\x06queues\x18\x02 \x03(\x0b\x32\x1a.clairvoyant.v1.ModelQueue\x12,\n\x07workers\x18\x03 \x03(\x0b\x32\x1b.clairvoyant.v1.WorkerState\"0\n\x0c\x44rainRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x64rain\x18\x02 \x01(\x08\"\x1e\n\rDrainResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x0f\n\rActiveRequest\"\x85\x02\n\nActiveCall\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x31\n\x0c\x61pp_metadata\x18\x04 \x01(\x0b\x32\x1b.clairvoyant.v1.AppMetadata\x12\x33\n\x0b\x61nnotations\x18\x05 \x01(\x0b\x32\x1e.clairvoyant.v1.SysAnnotations\x12\x0e\n\x06queued\x18\x06 \x01(\x08\x12\x11\n\tworker_id\x18\x07 \x01(\t\x12\x0e\n\x06wait_s\x18\x08 \x01(\x01\x12\x15\n\rprompt_tokens\x18\t \x01(\r\x12\x12\n\nmax_tokens\x18\n \x01(\r\"G\n\nAgentModel\x12\x18\n\x10workflow_type_id\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\"\x87\x01\n\x0cModelTraffic\x12\r\n\x05model\x18\x01 \x01(\t\x12\x16\n\x0erequests_total\x18\x02 \x01(\x04\x12\x1a\n\x12input_tokens_total\x18\x03 \x01(\x04\x12\x17\n\x0f\x63ompleted_total\x18\x04 \x01(\x04\x12\x1b\n\x13output_tokens_total\x18\x05 \x01(\x04\"\xa9\x01\n\x0e\x41\x63tiveSnapshot\x12)\n\x05\x63\x61lls\x18\x01 \x03(\x0b\x32\x1a.clairvoyant.v1.ActiveCall\x12\x30\n\x0c\x61gent_models\x18\x02 \x03(\x0b\x32\x1a.clairvoyant.v1.AgentModel\x12-\n\x07traffic\x18\x03 \x03(\x0b\x32\x1c.clairvoyant.v1.ModelTraffic\x12\x0b\n\x03now\x18\x04 \x01(\x01\"%\n\x13\x45xpectModelsRequest\x12\x0e\n\x06models\x18\x01 \x03(\t\"\x16\n\x14\x45xpectModelsResponse2\xa2\x04\n\tScheduler\x12\x46\n\x08Schedule\x12\x1f.clairvoyant.v1.ScheduleRequest\x1a\x19.clairvoyant.v1.Placement\x12M\n\x08\x43omplete\x12\x1f.clairvoyant.v1.CompleteRequest\x1a .clairvoyant.v1.CompleteResponse\x12\x44\n\x05Renew\x12\x1c.clairvoyant.v1.RenewRequest\x1a\x1d.clairvoyant.v1.RenewResponse\x12N\n\x08Snapshot\x12\x1f.clairvoyant.v1.SnapshotRequest\x1a!.clairvoyant.v1.SchedulerSnapshot\x12\x44\n\x05\x44rain\x12\x1c.clairvoyant.v1.DrainRequest\x1a\x1d.clairvoyant.v1.DrainResponse\x12G\n\x06\x41\x63tive\x12\x1d.clairvoyant.v1.ActiveRequest\x1a\x1e.clairvoyant.v1.ActiveSnapshot\x12Y\n\x0c\x45xpectModels\x12#.clairvoyant.v1.ExpectModelsRequest\x1a$.clairvoyant.v1.ExpectModelsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,25 +37,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PLACEMENT']._serialized_start=338
   _globals['_PLACEMENT']._serialized_end=562
   _globals['_COMPLETEREQUEST']._serialized_start=564
-  _globals['_COMPLETEREQUEST']._serialized_end=667
-  _globals['_COMPLETERESPONSE']._serialized_start=669
-  _globals['_COMPLETERESPONSE']._serialized_end=705
-  _globals['_RENEWREQUEST']._serialized_start=707
-  _globals['_RENEWREQUEST']._serialized_end=757
-  _globals['_RENEWRESPONSE']._serialized_start=759
-  _globals['_RENEWRESPONSE']._serialized_end=803
-  _globals['_SNAPSHOTREQUEST']._serialized_start=805
-  _globals['_SNAPSHOTREQUEST']._serialized_end=822
-  _globals['_WORKERSTATE']._serialized_start=825
-  _globals['_WORKERSTATE']._serialized_end=1099
-  _globals['_MODELQUEUE']._serialized_start=1101
-  _globals['_MODELQUEUE']._serialized_end=1161
-  _globals['_SCHEDULERSNAPSHOT']._serialized_start=1163
-  _globals['_SCHEDULERSNAPSHOT']._serialized_end=1288
-  _globals['_DRAINREQUEST']._serialized_start=1290
-  _globals['_DRAINREQUEST']._serialized_end=1338
-  _globals['_DRAINRESPONSE']._serialized_start=1340
-  _globals['_DRAINRESPONSE']._serialized_end=1370
-  _globals['_SCHEDULER']._serialized_start=1373
-  _globals['_SCHEDULER']._serialized_end=1755
+  _globals['_COMPLETEREQUEST']._serialized_end=690
+  _globals['_COMPLETERESPONSE']._serialized_start=692
+  _globals['_COMPLETERESPONSE']._serialized_end=728
+  _globals['_RENEWREQUEST']._serialized_start=730
+  _globals['_RENEWREQUEST']._serialized_end=780
+  _globals['_RENEWRESPONSE']._serialized_start=782
+  _globals['_RENEWRESPONSE']._serialized_end=826
+  _globals['_SNAPSHOTREQUEST']._serialized_start=828
+  _globals['_SNAPSHOTREQUEST']._serialized_end=845
+  _globals['_WORKERSTATE']._serialized_start=848
+  _globals['_WORKERSTATE']._serialized_end=1122
+  _globals['_MODELQUEUE']._serialized_start=1124
+  _globals['_MODELQUEUE']._serialized_end=1184
+  _globals['_SCHEDULERSNAPSHOT']._serialized_start=1186
+  _globals['_SCHEDULERSNAPSHOT']._serialized_end=1311
+  _globals['_DRAINREQUEST']._serialized_start=1313
+  _globals['_DRAINREQUEST']._serialized_end=1361
+  _globals['_DRAINRESPONSE']._serialized_start=1363
+  _globals['_DRAINRESPONSE']._serialized_end=1393
+  _globals['_ACTIVEREQUEST']._serialized_start=1395
+  _globals['_ACTIVEREQUEST']._serialized_end=1410
+  _globals['_ACTIVECALL']._serialized_start=1413
+  _globals['_ACTIVECALL']._serialized_end=1674
+  _globals['_AGENTMODEL']._serialized_start=1676
+  _globals['_AGENTMODEL']._serialized_end=1747
+  _globals['_MODELTRAFFIC']._serialized_start=1750
+  _globals['_MODELTRAFFIC']._serialized_end=1885
+  _globals['_ACTIVESNAPSHOT']._serialized_start=1888
+  _globals['_ACTIVESNAPSHOT']._serialized_end=2057
+  _globals['_EXPECTMODELSREQUEST']._serialized_start=2059
+  _globals['_EXPECTMODELSREQUEST']._serialized_end=2096
+  _globals['_EXPECTMODELSRESPONSE']._serialized_start=2098
+  _globals['_EXPECTMODELSRESPONSE']._serialized_end=2120
+  _globals['_SCHEDULER']._serialized_start=2123
+  _globals['_SCHEDULER']._serialized_end=2669
 # @@protoc_insertion_point(module_scope)

@@ -54,14 +54,16 @@ class Placement(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., worker_address: _Optional[str] = ..., base_priority: _Optional[float] = ..., queue_wait_s: _Optional[float] = ..., cache_hints: _Optional[_Iterable[str]] = ..., preset: _Optional[str] = ..., lease_s: _Optional[float] = ..., program_wait_s: _Optional[float] = ..., program_service_s: _Optional[float] = ...) -> None: ...
 
 class CompleteRequest(_message.Message):
-    __slots__ = ("request_id", "worker_id", "status")
+    __slots__ = ("request_id", "worker_id", "status", "output_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     worker_id: str
     status: _common_pb2.RequestStatus
-    def __init__(self, request_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., status: _Optional[_Union[_common_pb2.RequestStatus, str]] = ...) -> None: ...
+    output_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., status: _Optional[_Union[_common_pb2.RequestStatus, str]] = ..., output_tokens: _Optional[int] = ...) -> None: ...
 
 class CompleteResponse(_message.Message):
     __slots__ = ("released",)
@@ -150,3 +152,77 @@ class DrainResponse(_message.Message):
     FOUND_FIELD_NUMBER: _ClassVar[int]
     found: bool
     def __init__(self, found: _Optional[bool] = ...) -> None: ...
+
+class ActiveRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ActiveCall(_message.Message):
+    __slots__ = ("request_id", "tenant", "model", "app_metadata", "annotations", "queued", "worker_id", "wait_s", "prompt_tokens", "max_tokens")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    APP_METADATA_FIELD_NUMBER: _ClassVar[int]
+    ANNOTATIONS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    tenant: str
+    model: str
+    app_metadata: _common_pb2.AppMetadata
+    annotations: _common_pb2.SysAnnotations
+    queued: bool
+    worker_id: str
+    wait_s: float
+    prompt_tokens: int
+    max_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model: _Optional[str] = ..., app_metadata: _Optional[_Union[_common_pb2.AppMetadata, _Mapping]] = ..., annotations: _Optional[_Union[_common_pb2.SysAnnotations, _Mapping]] = ..., queued: _Optional[bool] = ..., worker_id: _Optional[str] = ..., wait_s: _Optional[float] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ...) -> None: ...
+
+class AgentModel(_message.Message):
+    __slots__ = ("workflow_type_id", "agent_id", "model")
+    WORKFLOW_TYPE_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    workflow_type_id: str
+    agent_id: str
+    model: str
+    def __init__(self, workflow_type_id: _Optional[str] = ..., agent_id: _Optional[str] = ..., model: _Optional[str] = ...) -> None: ...
+
+class ModelTraffic(_message.Message):
+    __slots__ = ("model", "requests_total", "input_tokens_total", "completed_total", "output_tokens_total")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    INPUT_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    requests_total: int
+    input_tokens_total: int
+    completed_total: int
+    output_tokens_total: int
+    def __init__(self, model: _Optional[str] = ..., requests_total: _Optional[int] = ..., input_tokens_total: _Optional[int] = ..., completed_total: _Optional[int] = ..., output_tokens_total: _Optional[int] = ...) -> None: ...
+
+class ActiveSnapshot(_message.Message):
+    __slots__ = ("calls", "agent_models", "traffic", "now")
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_MODELS_FIELD_NUMBER: _ClassVar[int]
+    TRAFFIC_FIELD_NUMBER: _ClassVar[int]
+    NOW_FIELD_NUMBER: _ClassVar[int]
+    calls: _containers.RepeatedCompositeFieldContainer[ActiveCall]
+    agent_models: _containers.RepeatedCompositeFieldContainer[AgentModel]
+    traffic: _containers.RepeatedCompositeFieldContainer[ModelTraffic]
+    now: float
+    def __init__(self, calls: _Optional[_Iterable[_Union[ActiveCall, _Mapping]]] = ..., agent_models: _Optional[_Iterable[_Union[AgentModel, _Mapping]]] = ..., traffic: _Optional[_Iterable[_Union[ModelTraffic, _Mapping]]] = ..., now: _Optional[float] = ...) -> None: ...
+
+class ExpectModelsRequest(_message.Message):
+    __slots__ = ("models",)
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, models: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ExpectModelsResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -60,6 +60,16 @@ class SchedulerStub:
                 request_serializer=clairvoyant_dot_v1_dot_scheduler__pb2.DrainRequest.SerializeToString,
                 response_deserializer=clairvoyant_dot_v1_dot_scheduler__pb2.DrainResponse.FromString,
                 _registered_method=True)
+        self.Active = channel.unary_unary(
+                '/clairvoyant.v1.Scheduler/Active',
+                request_serializer=clairvoyant_dot_v1_dot_scheduler__pb2.ActiveRequest.SerializeToString,
+                response_deserializer=clairvoyant_dot_v1_dot_scheduler__pb2.ActiveSnapshot.FromString,
+                _registered_method=True)
+        self.ExpectModels = channel.unary_unary(
+                '/clairvoyant.v1.Scheduler/ExpectModels',
+                request_serializer=clairvoyant_dot_v1_dot_scheduler__pb2.ExpectModelsRequest.SerializeToString,
+                response_deserializer=clairvoyant_dot_v1_dot_scheduler__pb2.ExpectModelsResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -103,6 +113,22 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Active(self, request, context):
+        """What the autoscaler reads: every request queued or placed, with its annotations, the
+        (workflow type, agent) -> model table learned from traffic, and per-model traffic counters.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExpectModels(self, request, context):
+        """Models that stay schedulable with no live worker: requests for them wait in the queue while
+        an autoscaler starts a replica, instead of failing UNAVAILABLE.  Replaces the previous set.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -130,6 +156,16 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.Drain,
                     request_deserializer=clairvoyant_dot_v1_dot_scheduler__pb2.DrainRequest.FromString,
                     response_serializer=clairvoyant_dot_v1_dot_scheduler__pb2.DrainResponse.SerializeToString,
+            ),
+            'Active': grpc.unary_unary_rpc_method_handler(
+                    servicer.Active,
+                    request_deserializer=clairvoyant_dot_v1_dot_scheduler__pb2.ActiveRequest.FromString,
+                    response_serializer=clairvoyant_dot_v1_dot_scheduler__pb2.ActiveSnapshot.SerializeToString,
+            ),
+            'ExpectModels': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExpectModels,
+                    request_deserializer=clairvoyant_dot_v1_dot_scheduler__pb2.ExpectModelsRequest.FromString,
+                    response_serializer=clairvoyant_dot_v1_dot_scheduler__pb2.ExpectModelsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -268,6 +304,60 @@ class Scheduler:
             '/clairvoyant.v1.Scheduler/Drain',
             clairvoyant_dot_v1_dot_scheduler__pb2.DrainRequest.SerializeToString,
             clairvoyant_dot_v1_dot_scheduler__pb2.DrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Active(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/clairvoyant.v1.Scheduler/Active',
+            clairvoyant_dot_v1_dot_scheduler__pb2.ActiveRequest.SerializeToString,
+            clairvoyant_dot_v1_dot_scheduler__pb2.ActiveSnapshot.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExpectModels(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/clairvoyant.v1.Scheduler/ExpectModels',
+            clairvoyant_dot_v1_dot_scheduler__pb2.ExpectModelsRequest.SerializeToString,
+            clairvoyant_dot_v1_dot_scheduler__pb2.ExpectModelsResponse.FromString,
             options,
             channel_credentials,
             insecure,
