@@ -10,7 +10,9 @@ from clairvoyant.policy import baselines as baselines  # registers the industry 
 from clairvoyant.policy import clairvoyant as clairvoyant  # registers the clairvoyant preset
 from clairvoyant.policy import kairos as kairos  # registers the kairos preset
 from clairvoyant.policy import pythia as pythia  # registers the pythia preset
+from clairvoyant.policy import pythia_scaling as pythia_scaling  # registers the pythia scaling policy
 from clairvoyant.policy import saga as saga  # registers the saga preset
+from clairvoyant.policy import scaling_baselines as scaling_baselines  # registers reactive, predictive
 from clairvoyant.policy import topo as topo  # registers the topo-depth preset
 from clairvoyant.policy.cache import CACHE_POLICIES, BlockUse, CacheDirective, CachePolicy
 from clairvoyant.policy.capabilities import Capability, PolicyRegistry, capabilities_of

@@ -36,6 +36,9 @@ from clairvoyant.core.annotations import Confidence, SysAnnotations
 from clairvoyant.policy.capabilities import Capability
 from clairvoyant.policy.presets import PRESETS, Preset
 from clairvoyant.policy.process_table import ProcessTable
+from clairvoyant.policy.pythia_scaling import (
+    PythiaScaling as PythiaScaling,  # registers the pythia scaling policy
+)
 from clairvoyant.policy.scheduling import (
     PRIORITY_POLICIES,
     ROUTING_POLICIES,
@@ -308,4 +311,4 @@ class PythiaAgingRule:
         return seq.priority + self.aging_rate * (now - first)
 
 
-PRESETS.register_preset("pythia", Preset("pythia", "pythia-capacity"))
+PRESETS.register_preset("pythia", Preset("pythia", "pythia-capacity", scaling="pythia"))

@@ -151,13 +151,17 @@ def fit_budget(
 ) -> dict[str, int]:
     """Clamp ``wanted`` replicas per model to ``budget`` GPUs.
 
-    Every model with demand first gets one replica (most demand first), then replicas go one at
-    a time to the model whose demand per replica would stay highest (water-filling).  Models
-    with ``min_replicas`` keep them before anything else.  What fits of ``wanted`` is returned.
+    Models with ``min_replicas`` keep them first; then every model with demand gets one replica
+    (most demand first); then replicas go one at a time to the model whose load per unit of
+    capacity would stay highest (water-filling).  What fits of ``wanted`` is returned.
     """
 
     def gpus(model: str) -> int:
         return profiles[model].gpus_per_replica if model in profiles else 1
+
+    def pressure(model: str, replicas: int) -> float:
+        capacity = profiles[model].calls_per_replica if model in profiles else 1.0
+        return demand.get(model, 0.0) / (replicas * max(capacity, 1e-9))
 
     targets = {model: 0 for model in wanted}
     left = budget
@@ -174,7 +178,7 @@ def fit_budget(
         open_models = [m for m in wanted if targets[m] < wanted[m] and left >= gpus(m)]
         if not open_models:
             return targets
-        best = max(open_models, key=lambda m: (demand.get(m, 0.0) / (targets[m] + 1), m))
+        best = max(open_models, key=lambda m: (pressure(m, targets[m] + 1), m))
         targets[best] += 1
         left -= gpus(best)
 

@@ -47,7 +47,6 @@ class WorkerReport:
     held_requests: frozenset[str] | None = None
 
 
-
 @dataclass(frozen=True, slots=True)
 class WorkerView:
     """A worker as routing policies see it: its last report plus the scheduler's own accounting."""

@@ -16,6 +16,7 @@ the policies' declared hooks.  docs/scheduling.md ("The global scheduler") says 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, cast
 
 from clairvoyant.core.errors import NoWorkers
@@ -48,6 +49,7 @@ from clairvoyant.scheduler.core.inspection import SchedulerInspection
 from clairvoyant.scheduler.core.leases import LeaseBook, Reclaimed
 from clairvoyant.scheduler.core.placements import PlacementBook
 from clairvoyant.scheduler.core.queues import GlobalQueues
+from clairvoyant.scheduler.core.traffic import TrafficCounters
 from clairvoyant.scheduler.core.workers import WorkerRegistry
 
 
@@ -76,6 +78,7 @@ class GlobalScheduler(SchedulerInspection):
         self.routing_policy = routing
         self.policy_name = policy_name
         self._agent_models: dict[tuple[str, str], str] = {}  # (workflow type, agent) -> latest model
+        self._traffic = TrafficCounters()
         check_capabilities(type(priority))  # a hook it does not declare would never be called
         check_capabilities(type(routing))
         priority_can, routing_can = capabilities_of(priority), capabilities_of(routing)
@@ -120,7 +123,7 @@ class GlobalScheduler(SchedulerInspection):
         """Queue ``request`` (``dispatch`` places it).
 
         Raises NoWorkers when no live worker serves the model (draining ones count: they may be
-        resumed) or every one of them is excluded; QueueFull (with retry_after_s) when the model's
+        resumed) or every one of them is excluded, unless the model is expected (``expect_models``); QueueFull (with retry_after_s) when the model's
         queue is at capacity; InvalidRequest when the id is already queued.  Re-submitting an id
         that holds a placement releases that placement first: the caller has given up on it.
         """
@@ -130,6 +133,7 @@ class GlobalScheduler(SchedulerInspection):
         self.complete(request.request_id)
         self.programs.on_submit(request, now)  # before ranking: a priority may read the program
         self._queues.add(request, now)
+        self._traffic.on_submit(request)
         if request.app_metadata is not None:
             meta = request.app_metadata
             self._agent_models[(meta.workflow_type_id, meta.agent_id)] = request.model
@@ -156,7 +160,7 @@ class GlobalScheduler(SchedulerInspection):
 
         With ``now`` the call counts as served: its program's entry in the process table learns
         its service, ``service_s`` (the model execution time) or, when the caller cannot measure
-        it, now - dispatch time.  Without ``now`` (an abandoned or re-submitted placement) the
+        it, now - dispatch time, and its model's traffic counters its ``output_tokens``.  Without ``now`` (an abandoned or re-submitted placement) the
         call leaves its program's active calls and adds nothing.
         """
         held = self._placements.release(request_id, worker_id)
@@ -167,6 +171,7 @@ class GlobalScheduler(SchedulerInspection):
             self.programs.on_cancel(held.request)
         else:
             service = now - held.dispatch_time if service_s is None else service_s
+            self._traffic.on_served(held.request.model, output_tokens)
             self.programs.on_complete(
                 Completion(held.request, held.worker_id, held.dispatch_time, now, service, output_tokens)
             )
@@ -255,28 +260,47 @@ class GlobalScheduler(SchedulerInspection):
         """Stop (or resume) new placements on a worker; existing ones finish.  False if unknown."""
         return self._workers.drain(worker_id, drain)
 
+    def expect_models(self, models: Iterable[str]) -> list[QueuedRequest]:
+        """``models`` (replacing the previous set) stay schedulable with no live worker: their
+        requests wait in the queue for a worker to register.  Returns the queued requests of a
+        model that left the set and that no live worker can serve, removed as rejected (NoWorkers)."""
+        expected = frozenset(models)
+        left = sorted(self._workers.expected_models - expected)
+        self._workers.expect(expected)
+        servable = self._workers.can_ever_serve
+        rejected = [request for model in left for request in self._queues.remove_unservable(model, servable)]
+        for request in rejected:
+            self.programs.on_cancel(request)
+        return rejected
+
+    def remove_worker(self, worker_id: str) -> ExpiredWorker | None:
+        """An autoscaler released a drained, idle worker: it leaves at once, as if expired (a
+        placement it still held fails; queued requests stay while a worker, or an expected
+        model, can still serve them, and the others are returned as rejected).  None if unknown."""
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            return None
+        self._workers.remove(worker_id)
+        failed = self._placements.fail_worker(worker_id)
+        for placement in failed:
+            self.programs.on_cancel(placement.request)
+        rejected = self._queues.remove_unservable(worker.model, self._workers.can_ever_serve)
+        for request in rejected:
+            self.programs.on_cancel(request)
+        return ExpiredWorker(
+            worker_id,
+            worker.model,
+            tuple(p.request.request_id for p in failed),
+            tuple(r.request_id for r in rejected),
+        )
+
     def expire_workers(self, now: float) -> list[ExpiredWorker]:
         """Remove workers silent for more than heartbeat_timeout_factor × their heartbeat interval.
 
         Their outstanding placements are dropped and returned as failed; queued requests that no
-        remaining worker could ever serve are removed and returned as rejected (NoWorkers).
+        remaining worker could ever serve are removed and returned as rejected (NoWorkers), unless
+        their model is expected (``expect_models``).
         """
         self.programs.expire(now)
-        expired: list[ExpiredWorker] = []
-        for worker in self._workers.silent(now):
-            self._workers.remove(worker.worker_id)
-            failed = self._placements.fail_worker(worker.worker_id)
-            for placement in failed:
-                self.programs.on_cancel(placement.request)
-            rejected = self._queues.remove_unservable(worker.model, self._workers.can_ever_serve)
-            for request in rejected:
-                self.programs.on_cancel(request)
-            expired.append(
-                ExpiredWorker(
-                    worker.worker_id,
-                    worker.model,
-                    tuple(p.request.request_id for p in failed),
-                    tuple(r.request_id for r in rejected),
-                )
-            )
-        return expired
+        expired = [self.remove_worker(worker.worker_id) for worker in self._workers.silent(now)]
+        return [gone for gone in expired if gone is not None]
