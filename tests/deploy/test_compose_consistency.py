@@ -488,6 +488,8 @@ def test_compose_volumes_exist() -> None:
     for name, spec in COMPOSE_SERVICES.items():
         for volume in spec.get("volumes", []):
             source = str(volume).split(":")[0]
+            if source.startswith("/var/run/"):
+                continue  # the host's engine socket (the autoscaler's docker actuator), not a repo path
             if source.startswith((".", "/")):
                 assert (REPO_ROOT / source).exists(), f"{name}: bind mount {source} does not exist"
             else:

@@ -81,10 +81,11 @@ async def test_chat_completion_publishes_a_record(stack: Stack) -> None:
     assert (s.max_tokens, s.temperature, s.top_p, s.seed, list(s.stop)) == (50, 0.5, 0.9, 7, ["END"])
     assert generate.base_priority == 1.5 and generate.tenant == "default"
     [complete] = stack.scheduler.complete_calls
-    assert (complete.request_id, complete.worker_id, complete.status) == (
+    assert (complete.request_id, complete.worker_id, complete.status, complete.output_tokens) == (
         record.request_id,
         "worker-1",
         common_pb2.REQUEST_STATUS_OK,
+        4,
     )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import logging
 import os
 import signal
@@ -138,6 +139,9 @@ class StackConfig:
     env: dict[str, str] = field(default_factory=dict)  # extra environment for every service
     worker_env: dict[str, str] = field(default_factory=dict)
     log_dir: Path | None = None  # each service's output to <log_dir>/<name>.log, not this stderr
+    autoscaler: str | None = None  # a scaling policy: run the autoscaler (local actuator) with it
+    autoscaler_port: int = 50054
+    autoscaler_env: dict[str, str] = field(default_factory=dict)  # e.g. CV_GPU_BUDGET, CV_MODELS
 
     @classmethod
     def from_env(cls) -> StackConfig:
@@ -149,6 +153,7 @@ class StackConfig:
             gateway_port=int(env.get("CV_GATEWAY_PORT", "8000")),
             nats_url=env.get("CV_NATS_URL") or None,
             policy=env.get("CV_POLICY") or None,
+            autoscaler=env.get("CV_AUTOSCALER") or None,
         )
 
     @classmethod
@@ -157,8 +162,9 @@ class StackConfig:
         ``var_dir``; ``env`` adds to that environment, ``fields`` set the rest."""
         base_env = {"CV_LOG_LEVEL": "WARNING", "CV_DATABASE_URL": f"sqlite:///{var_dir / 'gateway.db'}"}
         workers = int(fields.get("workers", cls.workers))
-        ports = free_ports(1, 1, 1, 1, 1, 1, max(workers, 1), max(workers, 1))  # worker i uses base + i
+        ports = free_ports(1, 1, 1, 1, 1, 1, max(workers, 1), max(workers, 1), 1)  # worker i uses base + i
         return cls(
+            autoscaler_port=ports[8],
             var_dir=var_dir,
             gateway_port=ports[0],
             gateway_grpc_port=ports[1],
@@ -188,6 +194,7 @@ class Stack:
         self.gateway_url = ""
         self.scheduler_address = ""
         self.profiler_address = ""
+        self.autoscaler_address = ""
         self.worker_http_urls: list[str] = []
         self._grpc_tls = GrpcTls()
 
@@ -229,6 +236,8 @@ class Stack:
             env = {**base, **cfg.worker_env, "CV_WORKER_ID": f"worker-{i + 1}", "CV_MODEL": cfg.model,
                    "CV_WORKER_GRPC_PORT": str(grpc_port), "CV_WORKER_HTTP_PORT": str(http_port)}
             self._spawn(f"worker-{i + 1}", "clairvoyant.worker", env)
+        if cfg.autoscaler:
+            self._spawn_autoscaler(base)
         gateway_env = {"CV_GATEWAY_PORT": str(cfg.gateway_port),
                        "CV_GATEWAY_GRPC_PORT": str(_pick(cfg.gateway_grpc_port, "gateway gRPC")),
                        "CV_SCHEDULER_ADDRESS": self.scheduler_address,
@@ -238,6 +247,20 @@ class Stack:
         self.gateway_url = f"http://127.0.0.1:{cfg.gateway_port}"
         self._wait_ready(ready_timeout)
         return self
+
+    def _spawn_autoscaler(self, base: dict[str, str]) -> None:
+        """The autoscaler, starting and stopping workers on this machine (the local actuator) with
+        the stack's worker environment; its workers' logs go under ``<var>/autoscaler/logs``."""
+        cfg = self.config
+        port = _pick(cfg.autoscaler_port, "autoscaler gRPC")
+        self.autoscaler_address = f"127.0.0.1:{port}"
+        env = {"CV_AUTOSCALER_PORT": str(port), "CV_METRICS_PORT": "0",
+               "CV_SCHEDULER_ADDRESS": self.scheduler_address, "CV_SCALING_POLICY": cfg.autoscaler or "pythia",
+               "CV_ACTUATOR": "local", "CV_WORKER_ENV": json.dumps(cfg.worker_env),
+               "CV_ACTUATOR_OPTIONS": json.dumps({"var_dir": str(cfg.var_dir / "autoscaler")}),
+               **cfg.autoscaler_env}  # fmt: skip
+        logger.info("starting the autoscaler (policy %s) on %s", cfg.autoscaler, self.autoscaler_address)
+        self._spawn("autoscaler", "clairvoyant.autoscaler", {**base, **env})
 
     def _spawn(self, name: str, module: str, env: dict[str, str]) -> None:
         log_dir = self.config.log_dir
@@ -376,13 +399,18 @@ def main(argv: list[str] | None = None, config: StackConfig | None = None) -> in
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help=f"model every worker serves (default: $CV_MODEL or {DEFAULT_MODEL})")
     parser.add_argument("--workers", type=int, help="number of workers (default: $CV_WORKERS or 2)")
+    parser.add_argument("--autoscaler", metavar="POLICY",
+                        help="also run the autoscaler with this scaling policy, starting and stopping "
+                             "workers here (default: $CV_AUTOSCALER; unset: no autoscaler)")
     args = parser.parse_args(argv)
     setup_logging("stack")
     config = config or StackConfig.from_env()
     if args.model:
         config.model = args.model
-    if args.workers:
+    if args.workers is not None:
         config.workers = args.workers
+    if args.autoscaler:
+        config.autoscaler = args.autoscaler
     stopping = False
 
     def request_stop(signum: int, _frame: object) -> None:

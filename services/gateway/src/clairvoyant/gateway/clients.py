@@ -96,9 +96,14 @@ class SchedulerClient:
             raise error from None
         return placement
 
-    async def complete(self, request_id: str, worker_id: str, status: common_pb2.RequestStatus) -> None:
-        """Releases a placement.  Never raises: the scheduler also reaps placements of dead calls."""
-        request = scheduler_pb2.CompleteRequest(request_id=request_id, worker_id=worker_id, status=status)
+    async def complete(
+        self, request_id: str, worker_id: str, status: common_pb2.RequestStatus, output_tokens: int = 0
+    ) -> None:
+        """Releases a placement; ``output_tokens``: what the call generated (0 when unknown).
+        Never raises: the scheduler also reaps placements of dead calls."""
+        request = scheduler_pb2.CompleteRequest(
+            request_id=request_id, worker_id=worker_id, status=status, output_tokens=output_tokens
+        )
         try:
             await self._stub.Complete(request, timeout=5.0, metadata=grpc_metadata())
         except grpc.aio.AioRpcError as err:

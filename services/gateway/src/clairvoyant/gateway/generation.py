@@ -30,8 +30,10 @@ class RequestLifecycle(Protocol):
         """Run ``coro`` beyond the caller's cancellation."""
         ...
 
-    async def release(self, request_id: str, worker_id: str, status: common_pb2.RequestStatus) -> None:
-        """Give the placement back; never raises."""
+    async def release(
+        self, request_id: str, worker_id: str, status: common_pb2.RequestStatus, output_tokens: int = 0
+    ) -> None:
+        """Give the placement back; ``output_tokens``: what the call generated.  Never raises."""
         ...
 
     async def publish(self, request: GenerationRequest, outcome: Outcome) -> None:
@@ -201,7 +203,9 @@ class Generation:
                 with contextlib.suppress(asyncio.TimeoutError, grpc.aio.AioRpcError):
                     await asyncio.wait_for(self._call.code(), timeout=1.0)
                 self._call.cancel()
-            await self._pipeline.release(self.request.request_id, self.worker_id, outcome.status)
+            await self._pipeline.release(
+                self.request.request_id, self.worker_id, outcome.status, outcome.usage.completion_tokens
+            )
             logger.info(
                 "request %s %s",
                 self.request.request_id,

@@ -73,6 +73,8 @@ class ModelCatalog:
             counts[worker.model] = counts.get(worker.model, 0) + 1
             if worker.max_model_len:
                 lengths.setdefault(worker.model, []).append(worker.max_model_len)
+        for model in snapshot.expected_models:  # an autoscaler is starting a replica: requests wait
+            counts.setdefault(model, 0)
         return {
             model: ServedModel(model, min(lengths.get(model, [0])), count)
             for model, count in sorted(counts.items())

@@ -168,10 +168,13 @@ class Pipeline:
             call = self.workers.generate(placement.worker_address, msg)
         return Generation(self, request, placement, call, annotations, scheduled_time, request_span, attempt_span)
 
-    async def release(self, request_id: str, worker_id: str, status: common_pb2.RequestStatus) -> None:
-        """Give the placement back (never raises: the scheduler reclaims what a failed call keeps)."""
+    async def release(
+        self, request_id: str, worker_id: str, status: common_pb2.RequestStatus, output_tokens: int = 0
+    ) -> None:
+        """Give the placement back (never raises: the scheduler reclaims what a failed call keeps);
+        ``output_tokens`` feed the scheduler's traffic counters."""
         self.held.drop(request_id)
-        await self.scheduler.complete(request_id, worker_id, status)
+        await self.scheduler.complete(request_id, worker_id, status, output_tokens)
 
     def _max_tokens(self, request: GenerationRequest, model: ServedModel, prompt_estimate: int) -> int:
         asked = request.sampling.max_tokens

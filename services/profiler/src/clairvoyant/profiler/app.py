@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import replace
 
 from clairvoyant.contracts.v1 import profiler_pb2, profiler_pb2_grpc
 from clairvoyant.core import security
@@ -71,6 +72,8 @@ class ProfilerApp:
         learner.adopt(restored, (self.clock or WallClock()).now())
         for item in restored.profiles:
             profile = item.profile
+            # How far annotations project is a serving setting, not a learned one: it follows ours.
+            profile.config = replace(profile.config, projection_steps=self.store.config.projection_steps)
             if profile.config != self.store.config:
                 # The state carries its own config (window sizes shape the stored deques).
                 logger.warning(

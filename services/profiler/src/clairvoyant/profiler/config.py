@@ -25,6 +25,10 @@ class ProfilerSettings(ServiceSettings):
     )
     resynthesize_every: int = Field(20, ge=1, description="closed instances between path re-synthesis")
     max_traces: int = Field(500, ge=1, description="recent traces each synthesis learns from")
+    # Serving (applies to restored profiles too).
+    profiler_projection_steps: int = Field(
+        8, ge=0, le=64, description="steps after a request's own whose expected calls per agent it is annotated with"
+    )
     # The JetStream consumer of cv.requests.completed.
     consumer_name: str = Field("profiler", min_length=1, description="durable JetStream consumer name")
     batch_size: int = Field(256, ge=1, le=10_000, description="records fetched, applied and acked together")
@@ -56,6 +60,7 @@ class ProfilerSettings(ServiceSettings):
             idle_timeout_s=self.idle_timeout_s,
             resynthesize_every=self.resynthesize_every,
             max_traces=self.max_traces,
+            projection_steps=self.profiler_projection_steps,
             synthesis=SynthesisConfig(prune_threshold=self.prune_threshold),
             confidence=ConfidenceConfig(min_instances=self.min_instances, high_instances=self.high_instances),
         )

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from clairvoyant.contracts.v1 import scheduler_pb2, worker_pb2
 from clairvoyant.core.errors import InvalidRequest
-from clairvoyant.core.wire import annotations_from_proto, app_metadata_from_proto
-from clairvoyant.scheduler.core import Decision, QueuedRequest, SchedulerSnapshot, WorkerReport
+from clairvoyant.core.wire import (
+    annotations_from_proto,
+    annotations_to_proto,
+    app_metadata_from_proto,
+    app_metadata_to_proto,
+)
+from clairvoyant.policy.scaling import ModelTraffic
+from clairvoyant.scheduler.core import Decision, HeldCall, QueuedRequest, SchedulerSnapshot, WorkerReport
 
 
 def queued_request(msg: scheduler_pb2.ScheduleRequest, now: float) -> QueuedRequest:
@@ -89,4 +97,49 @@ def snapshot(snap: SchedulerSnapshot) -> scheduler_pb2.SchedulerSnapshot:
             )
             for w in snap.workers
         ],
+    )
+
+
+def active_call(held: HeldCall) -> scheduler_pb2.ActiveCall:
+    request = held.request
+    msg = scheduler_pb2.ActiveCall(
+        request_id=request.request_id,
+        tenant=request.tenant,
+        model=request.model,
+        queued=held.worker_id is None,
+        worker_id=held.worker_id or "",
+        wait_s=held.wait_s,
+        prompt_tokens=request.prompt_tokens,
+        max_tokens=request.max_tokens,
+    )
+    if request.app_metadata is not None:
+        msg.app_metadata.CopyFrom(app_metadata_to_proto(request.app_metadata))
+    if request.annotations is not None:
+        msg.annotations.CopyFrom(annotations_to_proto(request.annotations))
+    return msg
+
+
+def active_snapshot(
+    held: list[HeldCall],
+    agent_models: Mapping[tuple[str, str], str],
+    traffic: Mapping[str, ModelTraffic],
+    now: float,
+) -> scheduler_pb2.ActiveSnapshot:
+    return scheduler_pb2.ActiveSnapshot(
+        calls=[active_call(call) for call in held],
+        agent_models=[
+            scheduler_pb2.AgentModel(workflow_type_id=workflow_type, agent_id=agent, model=model)
+            for (workflow_type, agent), model in sorted(agent_models.items())
+        ],
+        traffic=[
+            scheduler_pb2.ModelTraffic(
+                model=model,
+                requests_total=counts.requests_total,
+                input_tokens_total=counts.input_tokens_total,
+                completed_total=counts.completed_total,
+                output_tokens_total=counts.output_tokens_total,
+            )
+            for model, counts in sorted(traffic.items())
+        ],
+        now=now,
     )

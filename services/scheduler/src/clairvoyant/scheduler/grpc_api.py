@@ -96,10 +96,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self, request: scheduler_pb2.CompleteRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.CompleteResponse:
         # A served call teaches the process table its service (here: dispatch to completion, the
-        # RPC carries no engine time); a cancelled or failed one only leaves it.
+        # RPC carries no engine time) and its model's traffic counters its output tokens; a
+        # cancelled or failed one only leaves it.
         served = request.status in (common_pb2.REQUEST_STATUS_OK, common_pb2.REQUEST_STATUS_UNSPECIFIED)
         now = self.clock.now() if served else None
-        released = self.core.complete(request.request_id, request.worker_id or None, now=now)
+        released = self.core.complete(
+            request.request_id, request.worker_id or None, now=now, output_tokens=request.output_tokens
+        )
         if released:
             self._dispatch()
         return scheduler_pb2.CompleteResponse(released=released)
@@ -113,7 +116,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def Snapshot(
         self, request: scheduler_pb2.SnapshotRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.SchedulerSnapshot:
-        return convert.snapshot(self.core.snapshot(self.clock.now()))
+        snapshot = convert.snapshot(self.core.snapshot(self.clock.now()))
+        snapshot.expected_models.extend(sorted(self.core.expected_models()))  # a replica is coming
+        return snapshot
 
     async def Drain(
         self, request: scheduler_pb2.DrainRequest, context: grpc.aio.ServicerContext
@@ -123,6 +128,25 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             logger.info("worker %s %s", request.worker_id, "draining" if request.drain else "resumed")
             self._dispatch()
         return scheduler_pb2.DrainResponse(found=found)
+
+    async def Active(
+        self, request: scheduler_pb2.ActiveRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.ActiveSnapshot:
+        now = self.clock.now()
+        held = self.core.held_calls(now)
+        return convert.active_snapshot(held, self.core.agent_models(), self.core.traffic(), now)
+
+    async def ExpectModels(
+        self, request: scheduler_pb2.ExpectModelsRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.ExpectModelsResponse:
+        before = self.core.expected_models()
+        rejected = self.core.expect_models(request.models)
+        if self.core.expected_models() != before:
+            logger.info("expected models: %s", ", ".join(sorted(self.core.expected_models())) or "none")
+        for queued in rejected:
+            self._fail_waiter(queued.request_id, queued.model)
+        self._publish_gauges()
+        return scheduler_pb2.ExpectModelsResponse()
 
     # ---- events ---------------------------------------------------------------------------------
 
@@ -173,10 +197,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             )
             metrics.PLACEMENTS_FAILED.labels(gone.model).inc(len(gone.failed_request_ids))
             for request_id in gone.rejected_request_ids:
-                waiter = self._waiters.pop(request_id, None)
-                if waiter is not None and not waiter.done():
-                    waiter.set_exception(NoWorkers(f"the last worker serving model {gone.model!r} went away"))
+                self._fail_waiter(request_id, gone.model)
         self._dispatch()  # reclaimed placements and answering workers may have made room
+
+    def _fail_waiter(self, request_id: str, model: str) -> None:
+        """The core rejected a queued request: no worker of ``model`` is left, nor expected."""
+        waiter = self._waiters.pop(request_id, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(NoWorkers(f"the last worker serving model {model!r} went away"))
 
     def _log_reclaimed(self, reclaimed: list[Reclaimed], model: str | None = None) -> None:
         if not reclaimed:  # the usual case, on every heartbeat and expiry pass

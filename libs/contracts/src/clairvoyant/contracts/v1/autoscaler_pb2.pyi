@@ -78,3 +78,17 @@ class ScalingPlan(_message.Message):
     decisions: _containers.RepeatedCompositeFieldContainer[ScalingDecision]
     diagnostics: _containers.ScalarMap[str, float]
     def __init__(self, decisions: _Optional[_Iterable[_Union[ScalingDecision, _Mapping]]] = ..., diagnostics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class ScalingEvent(_message.Message):
+    __slots__ = ("kind", "replica_id", "model", "time", "reason")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    replica_id: str
+    model: str
+    time: float
+    reason: str
+    def __init__(self, kind: _Optional[str] = ..., replica_id: _Optional[str] = ..., model: _Optional[str] = ..., time: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...

@@ -130,14 +130,16 @@ class ModelQueue(_message.Message):
     def __init__(self, model: _Optional[str] = ..., depth: _Optional[int] = ..., capacity: _Optional[int] = ...) -> None: ...
 
 class SchedulerSnapshot(_message.Message):
-    __slots__ = ("policy", "queues", "workers")
+    __slots__ = ("policy", "queues", "workers", "expected_models")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_MODELS_FIELD_NUMBER: _ClassVar[int]
     policy: str
     queues: _containers.RepeatedCompositeFieldContainer[ModelQueue]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerState]
-    def __init__(self, policy: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[ModelQueue, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerState, _Mapping]]] = ...) -> None: ...
+    expected_models: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, policy: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[ModelQueue, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerState, _Mapping]]] = ..., expected_models: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DrainRequest(_message.Message):
     __slots__ = ("worker_id", "drain")

@@ -37,6 +37,7 @@ from clairvoyant.profiler.core.paths import (
     expected_remaining,
     future_agents,
     project,
+    project_steps,
 )
 from clairvoyant.profiler.core.profile import WorkflowProfile
 from clairvoyant.profiler.core.profile_types import (
@@ -89,6 +90,7 @@ __all__ = [
     "kairos_ranking",
     "parse",
     "project",
+    "project_steps",
     "synthesize",
     "to_text",
 ]

@@ -9,7 +9,8 @@ prefix can be ambiguous, e.g. ``(a){1,3} -> (a)?``).  From it:
 * ``future_agents`` -- the next step's agents with probabilities, and the probability the workflow ends;
 * ``expected_remaining`` -- E[steps still to come] and, given per-agent service and gap times,
   E[time to the end];
-* ``project`` -- expected calls per agent within the next H steps (Pythia Alg. 4, ProjectGraph);
+* ``project_steps`` -- expected calls per agent in each of the next H steps (Pythia Alg. 4,
+  ProjectGraph), and ``project`` their sum;
 * ``residual`` -- the remaining path as expression text.
 
 A prefix that leaves the expression is re-anchored on its last step, and ``Position.on_path``
@@ -64,6 +65,7 @@ class PathModel:
         self.remaining_steps = self.state_values(lambda edge: 1.0)
         self._visits = self.automaton.edge_visits()
         self._residual_text: dict[int, str] = {}
+        self._projections: dict[tuple[int, int], tuple[dict[str, float], ...]] = {}  # (state, horizon)
 
     # ---------------------------------------------------------------------------- tables
 
@@ -186,10 +188,34 @@ class PathModel:
         return Remaining(steps, time)
 
     def project(self, position: Position, horizon: int) -> dict[str, float]:
-        """Expected calls per agent within the next ``horizon`` steps."""
+        """Expected calls per agent within the next ``horizon`` steps: ``project_steps`` summed."""
         calls: dict[str, float] = {}
-        frontier = dict(position.belief)
+        for step in self.project_steps(position, horizon):
+            for agent, n in step.items():
+                calls[agent] = calls.get(agent, 0.0) + n
+        return _most_first(calls)
+
+    def project_steps(self, position: Position, horizon: int) -> list[dict[str, float]]:
+        """Expected calls per agent in each of the next ``horizon`` steps: element k is step k + 1
+        after ``position`` (empty where the workflow has surely ended), agents most calls first.
+
+        Linear in the belief, so it is the belief-weighted sum of each state's projection,
+        which is computed once per (state, horizon) and cached."""
+        steps: list[dict[str, float]] = [{} for _ in range(max(horizon, 0))]
+        for s, w in position.belief:
+            for calls, of_state in zip(steps, self._state_projection(s, horizon), strict=True):
+                for agent, n in of_state.items():
+                    calls[agent] = calls.get(agent, 0.0) + w * n
+        return [_most_first(calls) for calls in steps]
+
+    def _state_projection(self, state: int, horizon: int) -> tuple[dict[str, float], ...]:
+        cached = self._projections.get((state, horizon))
+        if cached is not None:
+            return cached
+        steps: list[dict[str, float]] = []
+        frontier = {state: 1.0}
         for _ in range(max(horizon, 0)):
+            calls: dict[str, float] = {}
             nxt: dict[int, float] = {}
             for s, w in frontier.items():
                 for p, e in self.closure[s]:
@@ -199,10 +225,10 @@ class PathModel:
                     for agent, n in edge.expected_calls().items():
                         calls[agent] = calls.get(agent, 0.0) + w * p * n
                     nxt[edge.dst] = nxt.get(edge.dst, 0.0) + w * p
-            if not nxt:
-                break
+            steps.append(calls)
             frontier = nxt
-        return dict(sorted(calls.items(), key=lambda an: (-an[1], an[0])))
+        projection = self._projections[(state, horizon)] = tuple(steps)
+        return projection
 
     def residual(self, position: Position, min_share: float = 0.05) -> str:
         """The rest of the workflow as expression text: the alternative of the residuals of the
@@ -225,6 +251,10 @@ class PathModel:
             text = "$" if rest is None or isinstance(rest, End) else to_text(rest)
             self._residual_text[state] = text
         return text
+
+
+def _most_first(calls: Mapping[str, float]) -> dict[str, float]:
+    return dict(sorted(calls.items(), key=lambda an: (-an[1], an[0])))
 
 
 # ------------------------------------------------------------------- module-level convenience
@@ -270,3 +300,10 @@ def expected_remaining(
 def project(expr: Model, position: Position | Sequence[StepLike], horizon: int) -> dict[str, float]:
     model = _model(expr)
     return model.project(_position(model, position), horizon)
+
+
+def project_steps(
+    expr: Model, position: Position | Sequence[StepLike], horizon: int
+) -> list[dict[str, float]]:
+    model = _model(expr)
+    return model.project_steps(_position(model, position), horizon)

@@ -212,6 +212,7 @@ class WorkflowProfile:
         predicted = self.predict(agent_id, workflow_id, history)
         assert predicted is not None
         position, nxt, remaining = predicted
+        projection = self.model.project_steps(position, self.config.projection_steps)
         return Annotation(
             tier,
             p50,
@@ -224,6 +225,7 @@ class WorkflowProfile:
             tables.ranking.rank.get(agent_id),
             position.on_path,
             self.templates.template(nxt.agents[0][0]) if nxt.agents else "",
+            tuple(tuple((agent, n) for agent, n in step.items() if n > 0.0) for step in projection),
         )
 
     def predict(

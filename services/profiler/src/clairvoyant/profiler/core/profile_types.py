@@ -82,6 +82,9 @@ class Annotation:
     kairos_rank: int | None = None
     on_path: bool = True  # False: the instance left the expression and the position was re-anchored
     next_prompt_template: str = ""  # the prompt template of the most likely next agent (templates.py)
+    # Per coming step (element 0 = the step after this request's): (agent id, expected calls),
+    # most calls first (Pythia Alg. 4's ProjectGraph); () when the structure is not served.
+    projection: tuple[tuple[tuple[str, float], ...], ...] = ()
 
     @staticmethod
     def empty() -> Annotation:
@@ -103,6 +106,7 @@ class ProfileConfig:
     max_seen_ids: int = 200_000  # request ids remembered for idempotency
     max_closed_ids: int = 20_000  # closed workflow ids remembered to spot late records
     residual_min_share: float = 0.05
+    projection_steps: int = 8  # steps after a request's own that its annotation projects
     synthesis: SynthesisConfig = field(default_factory=SynthesisConfig)
     confidence: ConfidenceConfig = field(default_factory=ConfidenceConfig)
     templates: TemplateConfig = field(default_factory=TemplateConfig)

@@ -6,7 +6,7 @@ scheduler's core as it is.
 
 from __future__ import annotations
 
-from clairvoyant.core.annotations import Confidence, LengthInterval, NextAgent, SysAnnotations
+from clairvoyant.core.annotations import Confidence, LengthInterval, NextAgent, ProjectedCalls, SysAnnotations
 from clairvoyant.profiler.core.confidence import Tier
 from clairvoyant.profiler.core.profile_types import Annotation
 
@@ -29,4 +29,9 @@ def sys_annotations(annotation: Annotation) -> SysAnnotations:
         next_agents=tuple(NextAgent(agent_id, probability) for agent_id, probability in annotation.next_agents),
         prompt_composition=annotation.next_prompt_template,
         kairos_rank=float(annotation.kairos_rank) if annotation.kairos_rank is not None else None,
+        projection=tuple(
+            ProjectedCalls(step, agent_id, expected_calls)
+            for step, calls in enumerate(annotation.projection, start=1)
+            for agent_id, expected_calls in calls
+        ),
     )

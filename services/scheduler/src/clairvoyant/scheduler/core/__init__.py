@@ -19,6 +19,7 @@ from clairvoyant.policy.types import (
     WorkerView,
 )
 from clairvoyant.scheduler.core.global_queue import GlobalScheduler
+from clairvoyant.scheduler.core.inspection import HeldCall
 from clairvoyant.scheduler.core.leases import Lease, LeaseBook, Reclaimed
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "Decision",
     "ExpiredWorker",
     "GlobalScheduler",
+    "HeldCall",
     "KQueueConfig",
     "KQueuePriority",
     "KQueueRule",

@@ -123,9 +123,10 @@ class GlobalScheduler(SchedulerInspection):
         """Queue ``request`` (``dispatch`` places it).
 
         Raises NoWorkers when no live worker serves the model (draining ones count: they may be
-        resumed) or every one of them is excluded, unless the model is expected (``expect_models``); QueueFull (with retry_after_s) when the model's
-        queue is at capacity; InvalidRequest when the id is already queued.  Re-submitting an id
-        that holds a placement releases that placement first: the caller has given up on it.
+        resumed) or every one of them is excluded, unless the model is expected
+        (``expect_models``); QueueFull (with retry_after_s) when the model's queue is at capacity;
+        InvalidRequest when the id is already queued.  Re-submitting an id that holds a placement
+        releases that placement first: the caller has given up on it.
         """
         if not self._workers.can_ever_serve(request):
             raise NoWorkers(f"no live worker serves model {request.model!r}", param="model")

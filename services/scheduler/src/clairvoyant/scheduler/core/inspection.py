@@ -1,18 +1,46 @@
 """What can be read of the global scheduler: its queues, workers and placements, unchanged.
 
 ``SchedulerInspection`` is the read-only half of ``GlobalScheduler`` (which derives from it): the
-``SchedulerView`` that scheduler-aware policies are given, the service's status reads and
+``SchedulerView`` that scheduler-aware policies are given, the service's status reads, what an
+autoscaler reads (``held_calls``/``active_calls``, ``agent_models``, ``traffic``) and
 ``check_integrity``.  Nothing here changes what the scheduler decides with.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from clairvoyant.policy.process_table import ChangeFeed, ProcessTable, ProgramKey
+from clairvoyant.policy.scaling import ActiveCall, ModelTraffic
 from clairvoyant.policy.types import QueuedRequest, QueueState, SchedulerSnapshot, WorkerView
 from clairvoyant.scheduler.core.leases import LeaseBook
 from clairvoyant.scheduler.core.placements import PlacementBook
 from clairvoyant.scheduler.core.queues import GlobalQueues
+from clairvoyant.scheduler.core.traffic import TrafficCounters
 from clairvoyant.scheduler.core.workers import WorkerRegistry
+
+
+class HeldCall(NamedTuple):
+    """A request the scheduler holds: waiting in a global queue, or placed on ``worker_id``."""
+
+    request: QueuedRequest
+    worker_id: str | None  # None: queued
+    wait_s: float  # since it joined the global queue (placed calls keep counting)
+
+    def active_call(self) -> ActiveCall:
+        """The autoscaler's view of it."""
+        meta = self.request.app_metadata
+        return ActiveCall(
+            request_id=self.request.request_id,
+            model=self.request.model,
+            queued=self.worker_id is None,
+            workflow_type_id=meta.workflow_type_id if meta is not None else None,
+            workflow_id=meta.workflow_id if meta is not None else None,
+            agent_id=meta.agent_id if meta is not None else None,
+            tenant=self.request.tenant,
+            wait_s=self.wait_s,
+            annotations=self.request.annotations,
+        )
 
 
 class SchedulerInspection:
@@ -22,6 +50,7 @@ class SchedulerInspection:
     _placements: PlacementBook
     _workers: WorkerRegistry
     _agent_models: dict[tuple[str, str], str]  # (workflow type, agent) -> latest model
+    _traffic: TrafficCounters
 
     @property
     def leases(self) -> LeaseBook | None:
@@ -86,6 +115,33 @@ class SchedulerInspection:
         """The model of the latest submitted call of this agent; None if none was seen."""
         return self._agent_models.get((workflow_type_id, agent_id))
 
+    def agent_models(self) -> dict[tuple[str, str], str]:
+        """(workflow type, agent) -> the model of that agent's latest submitted call."""
+        return dict(self._agent_models)
+
+    def held_calls(self, now: float) -> list[HeldCall]:
+        """Every request queued (in submission order) then every one placed (worker by worker,
+        in placement order)."""
+        queued = [HeldCall(r, None, now - r.arrival_time) for r in self._queues.requests()]
+        placed = [
+            HeldCall(held.request, held.worker_id, now - held.request.arrival_time)
+            for held in self._placements.placements()
+        ]
+        return queued + placed
+
+    def active_calls(self, now: float) -> list[ActiveCall]:
+        """``held_calls`` as the scaling policies read them."""
+        return [held.active_call() for held in self.held_calls(now)]
+
+    def traffic(self) -> dict[str, ModelTraffic]:
+        """Per model, cumulative: requests submitted and their prompt tokens, calls completed as
+        served and the tokens they generated."""
+        return self._traffic.by_model()
+
+    def expected_models(self) -> frozenset[str]:
+        """The models that stay schedulable with no live worker (``expect_models``)."""
+        return self._workers.expected_models
+
     def placement_of(self, request_id: str) -> str | None:
         return self._placements.worker_of(request_id)
 
@@ -102,3 +158,5 @@ class SchedulerInspection:
         self._queues.check_integrity(self._placements)
         self._placements.check_leases()
         self.programs.check_integrity()
+        for request in self._queues.requests():  # none waits for a worker that cannot come
+            assert self._workers.can_ever_serve(request), f"{request.request_id} queued with no worker to come"

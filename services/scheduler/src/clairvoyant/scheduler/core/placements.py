@@ -75,6 +75,10 @@ class PlacementBook:
         held = self._placements.get(request_id)
         return held.worker_id if held is not None else None
 
+    def placements(self) -> list[Placement]:
+        """Every placement: worker by worker, each in placement order."""
+        return [self._placements[rid] for held in self._placed_on.values() for rid in held]
+
     def requests_on(self, worker_id: str) -> list[QueuedRequest]:
         """The requests placed on ``worker_id``, in placement order."""
         return list(self._placed_on.get(worker_id, {}).values())

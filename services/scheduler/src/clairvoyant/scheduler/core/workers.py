@@ -2,13 +2,15 @@
 
 Each worker's ``WorkerView`` is its latest report plus what only the scheduler knows: how many
 placements it holds and whether an operator drained it.  A worker silent for more than
-``heartbeat_timeout_factor`` × its heartbeat interval is due to expire.
+``heartbeat_timeout_factor`` × its heartbeat interval is due to expire.  An *expected* model
+counts as servable with no worker at all, so its requests wait for one instead of failing.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 
 from clairvoyant.policy.types import QueuedRequest, WorkerReport, WorkerView
 
@@ -29,6 +31,7 @@ class WorkerRegistry:
         self._views: dict[str, WorkerView] = {}  # in order of first report since (re)joining
         self._reported_draining: dict[str, bool] = {}
         self._operator_drained: set[str] = set()  # survives a worker's expiry and return
+        self.expected_models: frozenset[str] = frozenset()  # schedulable with no live worker
 
     def update(self, report: WorkerReport, now: float) -> WorkerView:
         """Record a heartbeat; a new (or returning) worker joins with no placements."""
@@ -106,9 +109,15 @@ class WorkerRegistry:
         """Could some worker of ``model`` take a placement now (room, and not draining)?"""
         return any(w.model == model and w.has_room and not w.draining for w in self._views.values())
 
+    def expect(self, models: Iterable[str]) -> None:
+        """From now on ``models`` (and no others) stay schedulable with no live worker: one is
+        on its way (an autoscaler is starting it)."""
+        self.expected_models = frozenset(models)
+
     def can_ever_serve(self, request: QueuedRequest) -> bool:
-        """Does a live worker (draining or not) serve the request's model, and is not excluded?"""
-        return any(
+        """Is the request's model expected, or does a live worker (draining or not) serve it and
+        is not excluded?"""
+        return request.model in self.expected_models or any(
             w.model == request.model and w.worker_id not in request.exclude_workers
             for w in self._views.values()
         )

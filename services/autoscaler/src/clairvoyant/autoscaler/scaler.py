@@ -1,0 +1,285 @@
+"""The scaling loop: read the scheduler, tick the policy, act through the actuator.
+
+Each tick reads the scheduler (Snapshot + Active), updates the replica book (a starting replica
+whose worker reports is ready; one past its start-up allowance is torn down and counted), asks
+the policy for a decision, turns it into actions (``plan_actions``: drains first, then releases of
+idle draining replicas, then starts within the GPU budget) and carries them out:
+
+* drain: ``Scheduler.Drain`` first (routing exclusion), then the book marks it draining;
+* release: the actuator stops it once it is drained and idle (no keep-alive);
+* start: the actuator launches it; the book counts it as starting (its GPUs are held) until its
+  worker registers.
+
+Starts and stops run as background tasks retried with backoff, so a slow platform never stalls a
+tick.  A start that finally fails is stopped again, so nothing is left half-registered.  When the
+scheduler cannot be read, the tick does nothing: a dead dependency leaves the cluster as it is.
+Every action is published on ``cv.scaling.<kind>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from clairvoyant.autoscaler import convert, metrics
+from clairvoyant.autoscaler.actuators.base import Actuator, ActuatorError
+from clairvoyant.autoscaler.core import (
+    ClusterView,
+    ProfileDefaults,
+    ReplicaBook,
+    managed_models,
+    model_profiles,
+    scaling_input,
+)
+from clairvoyant.contracts.v1 import autoscaler_pb2, scheduler_pb2, scheduler_pb2_grpc
+from clairvoyant.core.bus import EventBus
+from clairvoyant.core.clock import Clock
+from clairvoyant.policy.scaling import (
+    ModelProfile,
+    ScalingDecision,
+    ScalingInput,
+    ScalingPolicy,
+    plan_actions,
+)
+
+logger = logging.getLogger(__name__)
+
+MAX_BACKOFF_S = 30.0
+
+
+@dataclass
+class TickResult:
+    """What the last tick saw and did (the Status RPC reads it)."""
+
+    state: ScalingInput | None = None
+    decision: ScalingDecision | None = None
+    at: float | None = None  # wall-clock seconds
+    error: str = ""
+
+
+@dataclass
+class ScalerOptions:
+    gpu_budget: int
+    interval_s: float
+    configured_models: list[str] = field(default_factory=list)
+    profile_overrides: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
+    defaults: ProfileDefaults = ProfileDefaults()
+    startup_allowance_s: float = 300.0
+    retries: int = 5
+    backoff_s: float = 1.0
+    rpc_timeout_s: float = 2.0
+
+
+class Scaler:
+    def __init__(
+        self,
+        policy: ScalingPolicy,
+        actuator: Actuator,
+        scheduler: scheduler_pb2_grpc.SchedulerStub,
+        bus: EventBus | None,
+        clock: Clock,
+        options: ScalerOptions,
+    ) -> None:
+        self.policy = policy
+        self.actuator = actuator
+        self.scheduler = scheduler
+        self.bus = bus
+        self.clock = clock
+        self.options = options
+        self.book = ReplicaBook(options.startup_allowance_s)
+        self.last = TickResult()
+        self.failed_starts_total = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._busy: set[str] = set()  # replica ids with a stop in flight
+        self._expected: list[str] | None = None
+        self._launches = 0
+
+    # ---- one tick -------------------------------------------------------------------------------
+
+    async def read(self) -> ClusterView:
+        """The scheduler's view (raises grpc.aio.AioRpcError when it cannot be read)."""
+        timeout = self.options.rpc_timeout_s
+        snapshot = await self.scheduler.Snapshot(scheduler_pb2.SnapshotRequest(), timeout=timeout)
+        active = await self.scheduler.Active(scheduler_pb2.ActiveRequest(), timeout=timeout)
+        return convert.cluster_view(snapshot, active)
+
+    def state_of(self, view: ClusterView) -> ScalingInput:
+        models = managed_models(view, self.options.configured_models)
+        profiles = model_profiles(models, view, self.options.profile_overrides, self.options.defaults)
+        return scaling_input(view, self.book, profiles, self.options.gpu_budget)
+
+    async def tick(self) -> ScalingDecision | None:
+        now = self.clock.now()
+        try:
+            view = await self.read()
+        except grpc.aio.AioRpcError as exc:
+            self.last.error = f"scheduler unreadable: {exc.code().name}"
+            logger.warning("tick skipped, the cluster is left as it is: %s", self.last.error)
+            metrics.TICKS.labels(outcome="skipped").inc()
+            return None
+        observed = self.book.observe(view.workers, now)
+        for replica_id in observed.ready:
+            replica = self.book.get(replica_id)
+            self._publish("ready", replica_id, replica.model if replica else "", "its worker registered")
+        for replica_id in observed.overdue:
+            await self._teardown_overdue(replica_id)
+        state = self.state_of(view)
+        await self._expect(sorted(state.models))
+        decision = self.policy.tick(state, now)
+        actions = plan_actions(decision, state)
+        for model, count in actions.clamped.items():
+            logger.warning(
+                "%s: %d replica(s) beyond the GPU budget of %d wait", model, count, state.gpu_budget
+            )
+        for replica_id in actions.drain:
+            await self._drain(replica_id, decision)
+        for replica_id in actions.release:
+            self._spawn(self._release(replica_id))
+        for model, count in actions.start.items():
+            profile = state.models.get(model) or ModelProfile(model, 1, 1.0, 0.0)
+            for _ in range(count):
+                self._spawn(self._start(model, profile.gpus_per_replica, decision.reasons.get(model, "")))
+        self.last = TickResult(state, decision, time.time())
+        metrics.observe_tick(state, decision)
+        return decision
+
+    # ---- actions --------------------------------------------------------------------------------
+
+    async def _expect(self, models: list[str]) -> None:
+        """Keep the managed models schedulable at zero replicas (their requests wait)."""
+        if models == self._expected:
+            return
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await self.scheduler.ExpectModels(
+                scheduler_pb2.ExpectModelsRequest(models=models), timeout=self.options.rpc_timeout_s
+            )
+            self._expected = models
+
+    async def _drain(self, replica_id: str, decision: ScalingDecision) -> None:
+        replica = self.book.get(replica_id)
+        if replica is None:
+            logger.info("not draining %s: this autoscaler did not start it", replica_id)
+            return
+        if not replica_id.startswith("pending:"):
+            try:
+                await self.scheduler.Drain(
+                    scheduler_pb2.DrainRequest(worker_id=replica_id, drain=True),
+                    timeout=self.options.rpc_timeout_s,
+                )
+            except grpc.aio.AioRpcError as exc:  # not excluded from routing: not draining yet
+                logger.warning("drain of %s failed (%s); retried next tick", replica_id, exc.code().name)
+                return
+        self.book.draining(replica_id, self.clock.now())
+        self._publish("drain", replica_id, replica.model, decision.reasons.get(replica.model, ""))
+
+    async def _start(self, model: str, gpus: int, reason: str) -> None:
+        # Booked before the platform answers, so the next tick counts its GPUs and does not start
+        # it twice; a worker of the model that registers meanwhile is this replica.
+        self._launches += 1
+        launching = f"pending:{model}:launch-{self._launches}"
+        self.book.provisioned(launching, model, gpus, self.clock.now())
+        try:
+            replica_id = await self._retry(f"start a {model} replica", lambda: self.actuator.provision(model))
+        except ActuatorError as exc:
+            self.book.released(launching)
+            self._publish("failed", "", model, str(exc))
+            return
+        self.book.named(launching, replica_id)
+        metrics.ACTIONS.labels(action="start").inc()
+        logger.info("started %s (%s): %s", replica_id, model, reason)
+        self._publish("started", replica_id, model, reason)
+
+    async def _release(self, replica_id: str) -> None:
+        replica = self.book.get(replica_id)
+        if replica is None or replica_id in self._busy:
+            return
+        self._busy.add(replica_id)
+        try:
+            await self._retry(f"stop {replica_id}", lambda: self.actuator.release(replica_id, replica.model))
+        except ActuatorError as exc:
+            self._publish("failed", replica_id, replica.model, str(exc))
+            return
+        finally:
+            self._busy.discard(replica_id)
+        self.book.released(replica_id)
+        metrics.ACTIONS.labels(action="release").inc()
+        logger.info("released %s (%s): drained and idle", replica_id, replica.model)
+        self._publish("released", replica_id, replica.model, "drained and idle")
+
+    async def _teardown_overdue(self, replica_id: str) -> None:
+        """Not ready within its start-up allowance: excluded from routing should it still
+        register, stopped, and counted."""
+        replica = self.book.get(replica_id)
+        if replica is None:
+            return
+        self.failed_starts_total += 1
+        metrics.FAILED_STARTS.inc()
+        logger.warning(
+            "%s (%s) was not ready within %.0f s: torn down",
+            replica_id,
+            replica.model,
+            self.options.startup_allowance_s,
+        )
+        self._publish("failed", replica_id, replica.model, "not ready within the start-up allowance")
+        if not replica_id.startswith("pending:"):
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await self.scheduler.Drain(
+                    scheduler_pb2.DrainRequest(worker_id=replica_id, drain=True),
+                    timeout=self.options.rpc_timeout_s,
+                )
+        self.book.draining(replica_id, self.clock.now())
+        self._spawn(self._release(replica_id))
+
+    async def _retry(self, what: str, action: Callable[[], Awaitable[str | None]]) -> str:
+        delay = self.options.backoff_s
+        for attempt in range(self.options.retries + 1):
+            try:
+                return await action() or ""
+            except ActuatorError as exc:
+                if attempt == self.options.retries:
+                    logger.error("gave up trying to %s after %d attempts: %s", what, attempt + 1, exc)
+                    raise
+                logger.warning("could not %s (%s); retrying in %.1f s", what, exc, delay)
+                metrics.ACTUATOR_RETRIES.inc()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, MAX_BACKOFF_S)
+        raise AssertionError("unreachable")
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _publish(self, kind: str, replica_id: str, model: str, reason: str) -> None:
+        if self.bus is None:
+            return
+        event = autoscaler_pb2.ScalingEvent(
+            kind=kind, replica_id=replica_id, model=model, time=time.time(), reason=reason
+        )
+        self._spawn(self.bus.publish(f"cv.scaling.{kind}", event.SerializeToString()))
+
+    # ---- lifetime -------------------------------------------------------------------------------
+
+    async def run_forever(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except Exception:  # one bad tick must not end scaling for good
+                logger.exception("scaling tick failed")
+            await asyncio.sleep(self.options.interval_s)
+
+    async def settle(self) -> None:
+        """Wait for the starts and stops in flight (tests, shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
