@@ -290,3 +290,14 @@ def test_no_policy_plans_beyond_the_gpu_budget(
         assert held - released + started <= max(budget, held - released), name
         assert all(n > 0 for n in actions.start.values())
         assert set(actions.release) <= {r.replica_id for r in reps}
+
+
+def test_a_workflow_that_said_it_ends_is_not_remembered() -> None:
+    last = ActiveCall("e9", EXPLORER, False, "research", "wf0", "explorer", "acme",
+                      annotations=SysAnnotations(projection=(ProjectedCalls(1, "verifier", 1.0),)), workflow_end=True)  # fmt: skip
+    state = ScalingInput(replicas=(), queued={}, gpu_budget=8, models=PROFILES, active=(last,),
+                         agent_models=AGENT_MODELS)  # fmt: skip
+    pythia = PythiaScaling()
+    assert pythia.tick(state, now=0.0).targets[EXPLORER] == 1  # its own call still counts
+    after = pythia.tick(state._replace(active=()), now=1.0)
+    assert after.targets == {PLANNER: 0, EXPLORER: 0, VERIFIER: 0}

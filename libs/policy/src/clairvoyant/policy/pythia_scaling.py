@@ -14,7 +14,8 @@ The choices where the paper is silent (docs/autoscaling.md, "Pythia"):
   per (step, agent) the largest is taken (ten explorers of one fan-out all predict the one
   summarizer that joins them).
 * A workflow between calls (waiting on a tool) has no active call but will call again: its last
-  projection, shifted by the step it completed, is kept for ``workflow_memory_s``.
+  projection, shifted by the step it completed, is kept for ``workflow_memory_s``, unless one of
+  its calls said ``workflow_end``.
 * EstimateReplicas is ceil(D[m] / calls_per_replica) (``ModelProfile``); targets that do not fit
   the GPU budget are water-filled by demand (``fit_budget``), which is how scaling one model up
   drains another in a constrained cluster.
@@ -111,6 +112,8 @@ class PythiaScaling:
         for key, calls in by_workflow.items():
             workflow_type = calls[0].workflow_type_id or ""
             steps = _projection_by_step(calls, self.horizon_steps)
+            if any(call.workflow_end for call in calls):
+                steps = {}  # its last call: nothing follows it, nor is it remembered once done
             self._memory[key] = _Remembered(workflow_type, steps, now)
             now_load: dict[str, float] = {}
             for call in calls:

@@ -14,15 +14,12 @@ Members: ``static`` (the replicas it has), ``pythia`` (pythia_scaling.py), ``rea
 from __future__ import annotations
 
 import enum
-import logging
 import math
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple, Protocol
 
 from clairvoyant.core.annotations import SysAnnotations
 from clairvoyant.policy.capabilities import PolicyRegistry
-
-logger = logging.getLogger(__name__)
 
 
 class ReplicaPhase(enum.Enum):
@@ -75,6 +72,7 @@ class ActiveCall(NamedTuple):
     tenant: str = ""
     wait_s: float = 0.0
     annotations: SysAnnotations | None = None
+    workflow_end: bool = False  # the application said this is its workflow's last call
 
 
 class ModelTraffic(NamedTuple):
@@ -229,8 +227,6 @@ def plan_actions(decision: ScalingDecision, state: ScalingInput) -> ScalingActio
             left -= fits * per
         if fits < missing:
             clamped[model] = missing - fits
-    if clamped:
-        logger.info("scale-up beyond the GPU budget waits: %s (budget %d)", clamped, state.gpu_budget)
     return ScalingActions(start, tuple(newly), release, clamped)
 
 

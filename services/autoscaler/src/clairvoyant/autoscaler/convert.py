@@ -37,6 +37,7 @@ def cluster_view(
             tenant=c.tenant,
             wait_s=c.wait_s,
             annotations=annotations_from_proto(c.annotations) if c.HasField("annotations") else None,
+            workflow_end=c.HasField("app_metadata") and c.app_metadata.workflow_end,
         )
         for c in active.calls
     )

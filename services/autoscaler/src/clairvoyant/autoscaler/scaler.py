@@ -99,6 +99,7 @@ class Scaler:
         self._busy: set[str] = set()  # replica ids with a stop in flight
         self._expected: list[str] | None = None
         self._launches = 0
+        self._clamped: dict[str, int] = {}
 
     # ---- one tick -------------------------------------------------------------------------------
 
