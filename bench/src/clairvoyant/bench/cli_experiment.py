@@ -10,6 +10,8 @@ running stack through its gateway (``--mode live``, the policy the stack's sched
     python -m clairvoyant.bench run --mode live --workload react_bfcl --policy fcfs-rr --gpus 2 \\
         --workflows 16 --concurrency 8 --base-url http://127.0.0.1:8000/v1 --out live.json
     python -m clairvoyant.bench compare --workload qa_router+report_generate+code_generate ...  # served together
+    python -m clairvoyant.bench compare --workload deep_research --scalings pythia,static,reactive,predictive \
+        --policies pythia --gpus 4 --gpu-budget 4 --concurrency 32 --out scale.json  # one preset, scaling varies
     python -m clairvoyant.bench merge part-a.json part-b.json --out compare.json  # same config, more presets
     python -m clairvoyant.bench matrix-report bench/results/matrix-*.json --plots docs/img
     python -m clairvoyant.bench --list
@@ -26,18 +28,26 @@ from typing import Any
 
 from clairvoyant.bench.arrivals import parse_arrivals
 from clairvoyant.bench.common import RunBars, progress
-from clairvoyant.bench.experiment import ANNOTATORS, ExperimentConfig, compare
+from clairvoyant.bench.experiment import (
+    ANNOTATORS,
+    SCALING_KEYS,
+    ExperimentConfig,
+    check_scaling,
+    compare,
+    scale_compare,
+)
 from clairvoyant.bench.live import validate  # noqa: F401  (registers the sim-vs-live benchmark)
 from clairvoyant.bench.live.cluster import LiveModeError
 from clairvoyant.bench.live.run import DEFAULT_BASE_URL, DEFAULT_SCHEDULER, LiveOptions, compare_live
 from clairvoyant.bench.parallel import default_jobs
 from clairvoyant.bench.workloads import WorkloadDataError, list_workloads
-from clairvoyant.policy import PRESETS
+from clairvoyant.policy import PRESETS, SCALING_POLICIES
 
 COMMANDS = ("run", "compare", "merge", "matrix-report")
 BASELINE = "vllm-prodstack"  # what the matrix report's ratios are against
 SHOWN = ("avg_jct_s", "p95_jct_s", "throughput_tok_s", "avg_queue_s", "cache_hit_ratio", "preemptions",
          "distance_from_limit", "virtual_seconds", "wall_seconds")
+SCALE_PRESET = "pythia"  # compare --scalings: the scheduling preset when --policies is not given
 
 
 def listing() -> str:
@@ -61,7 +71,11 @@ def add_parsers(commands: Any) -> None:
         if name == "run":
             sub.add_argument("--policy", required=True, choices=PRESETS.names())
         else:
-            sub.add_argument("--policies", required=True, help="comma-separated: " + ",".join(PRESETS.names()))
+            sub.add_argument("--policies", help="comma-separated: " + ",".join(PRESETS.names())
+                             + f"; with --scalings, one preset (default {SCALE_PRESET})")  # fmt: skip
+            sub.add_argument("--scalings", metavar="NAMES",
+                             help="sim: comma-separated scaling policies, each run with the one scheduling "
+                                  "preset; the file's entries are named by scaling policy")  # fmt: skip
             sub.add_argument("--jobs", type=int, default=None,
                              help="sim: policies simulated at once, one process each (default: one per CPU); "
                                   "results do not depend on it")  # fmt: skip
@@ -85,6 +99,15 @@ def add_parsers(commands: Any) -> None:
                               "instance, then online) or the generator's ground truth")  # fmt: skip
         sub.add_argument("--warmup-workflows", type=int, default=64,
                          help="sim, --annotations profiler: workflows in the warm-up instance (0: none)")
+        scaling = sub.add_argument_group("autoscaling (sim)")
+        scaling.add_argument("--scaling", metavar="NAME",
+                             help="a scaling policy ticking in virtual time (registered: "
+                                  + ", ".join(SCALING_POLICIES.names()) + "); default: fixed replicas")  # fmt: skip
+        scaling.add_argument("--gpu-budget", type=int, metavar="GPUS",
+                             help="with scaling: GPUs the replicas may hold at once (default: --gpus); "
+                                  "the run starts from --gpus' fixed placement trimmed to it")  # fmt: skip
+        scaling.add_argument("--scale-interval", type=float, default=5.0, metavar="S",
+                             help="with scaling: virtual seconds between the policy's ticks")
         sub.add_argument("--out", type=Path, required=True, help="results JSON")
         live = sub.add_argument_group("live mode")
         live.add_argument("--base-url", default=DEFAULT_BASE_URL, help="the gateway's OpenAI API")
@@ -112,7 +135,8 @@ def add_report_parsers(commands: Any) -> None:
 def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """One compare result holding every part's presets; raises ValueError if the parts' configs
     (hence instances) differ or a preset appears twice."""
-    defaults = {f.name: f.default for f in dataclasses.fields(ExperimentConfig)}
+    # Older files lack newer keys; the scaling keys are in a file only when it scaled.
+    defaults = {f.name: f.default for f in dataclasses.fields(ExperimentConfig) if f.name not in SCALING_KEYS}
     parts = [{**part, "config": {**defaults, **part["config"]}} for part in parts]  # older files lack newer keys
     first = parts[0]
     merged = {**first, "policies": dict(first["policies"]), "wall_seconds": sum(p["wall_seconds"] for p in parts)}
@@ -189,15 +213,34 @@ def report_command(args: argparse.Namespace) -> int:
 def run_command(args: argparse.Namespace) -> int:
     if args.command in ("merge", "matrix-report"):
         return report_command(args)
-    policies = [args.policy] if args.command == "run" else [p for p in args.policies.split(",") if p]
+    scalings = [n for n in (getattr(args, "scalings", None) or "").split(",") if n]
+    if args.command == "run":
+        policies = [args.policy]
+    elif args.policies is None and not scalings:
+        raise SystemExit("error: compare needs --policies (or --scalings)")
+    else:
+        policies = [p for p in (args.policies or SCALE_PRESET).split(",") if p]
     unknown = [p for p in policies if p not in PRESETS]
     if unknown:
         raise SystemExit(f"unknown policies {unknown}; choose from {PRESETS.names()}")
+    if scalings and (len(policies) != 1 or args.scaling is not None):
+        raise SystemExit("error: --scalings varies the scaling policy: give one preset in --policies and no --scaling")
     config = ExperimentConfig(
         workload=args.workload, gpus=args.gpus, gpu=args.gpu, workflows=args.workflows,
         rate=args.rate, concurrency=args.concurrency, arrivals=args.arrivals, seed=args.seed,
         block_size=args.block_size, annotations=args.annotations, warmup_workflows=args.warmup_workflows,
+        scaling=args.scaling, gpu_budget=args.gpu_budget, scale_interval_s=args.scale_interval,
     )  # fmt: skip
+    for each in [dataclasses.replace(config, scaling=name) for name in scalings] or [config]:
+        try:
+            check_scaling(each)
+        except ValueError as exc:
+            raise SystemExit(f"error: {exc}") from None
+    scaling_given = args.scaling is not None or scalings or args.gpu_budget is not None
+    if args.mode == "live" and scaling_given:
+        raise SystemExit("error: --scaling, --scalings and --gpu-budget apply to --mode sim")
+    if args.gpu_budget is not None and args.scaling is None and not scalings:
+        raise SystemExit("error: --gpu-budget needs --scaling (or --scalings)")
     if args.arrivals is not None:
         try:
             parse_arrivals(args.arrivals)
@@ -222,7 +265,11 @@ def run_command(args: argparse.Namespace) -> int:
         scheduler=None if args.scheduler.lower() == "none" else args.scheduler,
     )  # fmt: skip
     try:
-        if args.mode == "sim":
+        if args.mode == "sim" and scalings:
+            with RunBars([f"{args.workload} {policies[0]} scaling {name}" for name in scalings]) as bars:
+                jobs = jobs or default_jobs(len(scalings))
+                result = scale_compare(config, scalings, policies[0], jobs=jobs, on_progress=bars.update)
+        elif args.mode == "sim":
             with RunBars([f"{args.workload} {policy}" for policy in policies]) as bars:
                 jobs = jobs or default_jobs(len(policies))
                 result = compare(config, policies, jobs=jobs, on_progress=bars.update)
@@ -232,9 +279,31 @@ def run_command(args: argparse.Namespace) -> int:
         raise SystemExit(f"error: {exc}") from None
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
-    print("| policy | " + " | ".join(SHOWN) + " |")
-    print("|---" * (len(SHOWN) + 1) + "|")
+    shown = (*SHOWN, "gpu_seconds") if config.scaling is not None or scalings else SHOWN
+    print(f"| {'scaling' if scalings else 'policy'} | " + " | ".join(shown) + " |")
+    print("|---" * (len(shown) + 1) + "|")
     for policy, metrics in result["policies"].items():
-        print(f"| {policy} | " + " | ".join(f"{metrics[k]:.3g}" if k in metrics else "-" for k in SHOWN) + " |")
+        values = {**metrics, **metrics.get("autoscaling", {})}
+        print(f"| {policy} | " + " | ".join(f"{values[k]:.3g}" if k in values else "-" for k in shown) + " |")
+    if scalings or config.scaling is not None:
+        print(scaling_table(result))
     progress(f"saved {args.out}")
     return 0
+
+
+def scaling_table(result: dict[str, Any]) -> str:
+    """Markdown: per entry (a scaling policy, or a preset under one), the global queue wait per
+    model (mean / P95 s), avg and P95 JCT, GPU-seconds and the replicas started."""
+    entries = result["policies"]
+    models = sorted({m for metrics in entries.values() for m in metrics.get("global_queue_s_by_model", {})})
+    head = "| entry | " + " | ".join(f"{m} queue mean / p95 s" for m in models)
+    lines = [head + " | avg JCT s | p95 JCT s | GPU-s | scale-ups |", "|---" * (len(models) + 5) + "|"]
+    for name, metrics in entries.items():
+        queue = metrics.get("global_queue_s_by_model", {})
+        cells = [f"{queue[m]['mean_s']:.2f} / {queue[m]['p95_s']:.2f}" if m in queue else "-" for m in models]
+        scaled = metrics.get("autoscaling", {})
+        lines.append(
+            f"| {name} | " + " | ".join(cells) + f" | {metrics['avg_jct_s']:.1f} | {metrics['p95_jct_s']:.1f} "
+            f"| {scaled.get('gpu_seconds', 0.0):,.0f} | {scaled.get('scale_ups', 0)} |"
+        )
+    return "\n".join(lines)

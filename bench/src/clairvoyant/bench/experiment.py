@@ -8,6 +8,12 @@ workload's served models; each replica of a model uses the smallest tensor-paral
 (1, 2, 4, 8) whose KV pool holds at least one full-context request (``min(max_model_len, 32K)``
 tokens), as a serving operator would size it.
 
+Autoscaling (``scaling``, a registered scaling policy; None: the fixed cluster above, as ever):
+the policy's core ticks every ``scale_interval_s`` virtual seconds (sim/autoscaling.py) within
+``gpu_budget`` GPUs (default: ``gpus``).  The run starts from the fixed placement for ``gpus``
+trimmed to the budget (``fitting_counts``: round-robin over the models in name order, so each
+model keeps a first replica before any keeps a second while they fit), its replicas ready at 0.
+
 Annotations (``annotations``): none (the default), the profiler core trained on a warm-up instance
 of ``warmup_workflows`` workflows (same workload and arrival process, other seed and ids, run
 under fcfs-rr) and then online, or the generator's ground truth (sim/annotations.py).  ``compare``
@@ -27,12 +33,14 @@ from typing import Any
 import numpy as np
 
 from clairvoyant.bench.arrivals import ClosedLoop, Poisson, parse_arrivals
-from clairvoyant.bench.metrics import jct_list, queue_depth_series, summarize
+from clairvoyant.bench.metrics import global_queue_by_model, jct_list, queue_depth_series, summarize
 from clairvoyant.bench.parallel import ProgressCallback, SimTask, run_tasks
 from clairvoyant.bench.sim.annotations import OracleAnnotator, ProfilerAnnotator, warm_up
+from clairvoyant.bench.sim.autoscaling import SimAutoscaler, fitting_counts, model_profile
 from clairvoyant.bench.sim.lower_bound import RooflineServiceTime, ServiceTime
 from clairvoyant.bench.sim.simulator import Annotator, ReplicaSpec, SimProgress, Simulator
 from clairvoyant.bench.workloads import Workload, get_workload
+from clairvoyant.policy.scaling import SCALING_POLICIES, ModelProfile
 from clairvoyant.worker.core.engine import EngineConfig
 from clairvoyant.worker.runners.emulated import EmulatedRunner
 from clairvoyant.workloads.program import WorkflowProgram
@@ -56,6 +64,24 @@ class ExperimentConfig:
     max_num_batched_tokens: int = 8192
     annotations: str = "none"  # none | profiler | oracle
     warmup_workflows: int = 64  # profiler annotations: the warm-up instance's size (0: learn online only)
+    scaling: str | None = None  # a registered scaling policy; None: fixed replicas
+    gpu_budget: int | None = None  # scaling: GPUs the replicas may hold at once (None: gpus)
+    scale_interval_s: float = 5.0  # scaling: virtual seconds between the policy's ticks
+
+
+SCALING_KEYS = ("scaling", "gpu_budget", "scale_interval_s")  # in a results file only with scaling on
+
+
+def check_scaling(config: ExperimentConfig) -> None:
+    """Raise ValueError for an unknown scaling policy or a non-positive budget or interval."""
+    if config.scaling is None:
+        return
+    if config.scaling not in SCALING_POLICIES:
+        raise ValueError(f"unknown scaling policy {config.scaling!r}; choose from {SCALING_POLICIES.names()}")
+    if config.gpu_budget is not None and config.gpu_budget < 1:
+        raise ValueError(f"gpu_budget must be at least 1, got {config.gpu_budget}")
+    if config.scale_interval_s <= 0:
+        raise ValueError(f"scale_interval_s must be positive, got {config.scale_interval_s}")
 
 
 def _no_sleep(seconds: float) -> None:
@@ -76,24 +102,78 @@ def _runner(model: str, gpu: str) -> tuple[EmulatedRunner, int]:
     raise ValueError(f"{model} does not fit 8 x {gpu} with room for a full-context request")
 
 
+def replica_spec(replica_id: str, runner: EmulatedRunner, config: ExperimentConfig) -> ReplicaSpec:
+    """One replica over ``runner``, its engine sized by ``config``."""
+    engine = EngineConfig(
+        block_size=config.block_size,
+        num_blocks=runner.default_num_blocks(config.block_size) or 1024,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+    )
+    return ReplicaSpec(replica_id, runner, engine)
+
+
 def build_cluster(workload: Workload, config: ExperimentConfig) -> tuple[list[ReplicaSpec], dict[str, ServiceTime]]:
+    """The fixed placement (see the module docstring); with scaling, trimmed to the budget."""
     models = workload.served_models()
     share = max(1, config.gpus // len(models))
+    probes = {model: _runner(model, config.gpu) for model in models}
+    counts = {model: max(1, share // tp) for model, (_, tp) in probes.items()}
+    if config.scaling is not None:
+        counts = fitting_counts(counts, {m: tp for m, (_, tp) in probes.items()}, budget_of(config))
     replicas: list[ReplicaSpec] = []
     service: dict[str, ServiceTime] = {}
     for model in models:
-        probe, tp = _runner(model, config.gpu)
+        probe = probes[model][0]
         service[model] = RooflineServiceTime(probe.cost)
-        for i in range(max(1, share // tp)):
+        for i in range(counts[model]):
             runner = probe if i == 0 else _runner(model, config.gpu)[0]
-            engine = EngineConfig(
-                block_size=config.block_size,
-                num_blocks=runner.default_num_blocks(config.block_size) or 1024,
-                max_num_seqs=config.max_num_seqs,
-                max_num_batched_tokens=config.max_num_batched_tokens,
-            )
-            replicas.append(ReplicaSpec(f"{model}-{i}", runner, engine))
+            replicas.append(replica_spec(f"{model}-{i}", runner, config))
     return replicas, service
+
+
+def budget_of(config: ExperimentConfig) -> int:
+    return config.gpus if config.gpu_budget is None else config.gpu_budget
+
+
+def model_profiles(workload: Workload, config: ExperimentConfig) -> dict[str, ModelProfile]:
+    """Each served model's ``ModelProfile`` from its emulated runner's cost model."""
+    profiles = {}
+    for model in workload.served_models():
+        runner, _ = _runner(model, config.gpu)
+        profiles[model] = model_profile(
+            model, runner.cost, kv_capacity_tokens=runner.cost.kv_capacity_tokens(runner.gpu_mem_util),
+            max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+        )  # fmt: skip
+    return profiles
+
+
+AGENT_MODEL_SAMPLES = 32  # programs drawn (their own seed) to learn which model serves each agent
+
+
+def agent_models(workload: Workload, config: ExperimentConfig) -> dict[tuple[str, str], str]:
+    """(workflow type, agent) -> model, as a trained profiler knows it: from programs of the
+    workload drawn apart from the measured instance."""
+    rng = np.random.default_rng([config.seed, 2])
+    found: dict[tuple[str, str], str] = {}
+    for i in range(AGENT_MODEL_SAMPLES):
+        program = workload.instantiate(rng, f"agents-{i}")
+        for call in program.calls:
+            found.setdefault((program.workflow_type, call.agent_id), call.model)
+    return found
+
+
+def _autoscaler(simulator: Simulator, workload: Workload, config: ExperimentConfig) -> SimAutoscaler:
+    assert config.scaling is not None
+    profiles = model_profiles(workload, config)
+
+    def new_replica(model: str, replica_id: str) -> ReplicaSpec:
+        return replica_spec(replica_id, _runner(model, config.gpu)[0], config)
+
+    return SimAutoscaler(
+        simulator, SCALING_POLICIES.create(config.scaling), profiles, budget_of(config), new_replica,
+        interval_s=config.scale_interval_s, agent_models=agent_models(workload, config),
+    )  # fmt: skip
 
 
 def instance(
@@ -159,6 +239,7 @@ def run_sim(
     workload = get_workload(config.workload)
     if config.annotations not in ANNOTATORS:
         raise ValueError(f"unknown annotations {config.annotations!r}; choose from {sorted(ANNOTATORS)}")
+    check_scaling(config)
     replicas, service = build_cluster(workload, config)
     arrivals, backlog = instance(workload, config)
     if annotator is None:
@@ -167,6 +248,7 @@ def run_sim(
         annotator = copy.deepcopy(annotator)
     started = time.perf_counter()
     simulator = Simulator(replicas, policy, seed=config.seed, service_times=service, annotator=annotator)
+    autoscaler = _autoscaler(simulator, workload, config) if config.scaling is not None else None
     records = simulator.run(arrivals, backlog=backlog, progress=progress)
     result = summarize(records)
     result["virtual_seconds"] = records.duration_s
@@ -175,6 +257,10 @@ def run_sim(
     # For the plots (``python -m clairvoyant.bench plot``): the JCT CDF and queue depth over time.
     result["jct_s"] = jct_list(records)
     result["queue_depth_series"] = queue_depth_series(records, points=QUEUE_SERIES_POINTS)
+    if autoscaler is not None:
+        result["scaling"] = config.scaling
+        result["autoscaling"] = autoscaler.finish(simulator.events.now).summary()
+        result["global_queue_s_by_model"] = global_queue_by_model(records)
     return result
 
 
@@ -188,6 +274,7 @@ def compare(
     """Every policy in the simulator, ``jobs`` runs at a time (parallel.py; the results do not
     depend on it), ``on_progress`` called with (index in ``policies``, where that run stands).
     The live counterpart is ``live.run.compare_live``."""
+    check_scaling(config)
     started = time.perf_counter()
     prepared = make_annotator(config)
     tasks = [SimTask(config, policy, prepared, run_sim) for policy in policies]
@@ -202,6 +289,38 @@ def compare_result(config: ExperimentConfig, mode: str, results: dict[str, Any],
         "mode": mode,
         "seed": config.seed,
         "wall_seconds": wall_seconds,
-        "config": {k: v for k, v in vars(config).items()},
+        "config": config_dict(config),
         "policies": results,
     }
+
+
+def config_dict(config: ExperimentConfig) -> dict[str, Any]:
+    """The config as a results file holds it: without the scaling keys when scaling is off (the
+    files of fixed-cluster runs read as they always have)."""
+    return {k: v for k, v in vars(config).items() if config.scaling is not None or k not in SCALING_KEYS}
+
+
+def scale_compare(
+    config: ExperimentConfig,
+    scalings: list[str],
+    preset: str,
+    *,
+    jobs: int = 1,
+    on_progress: ProgressCallback | None = None,
+) -> dict[str, Any]:
+    """One scheduling ``preset`` under each scaling policy, on the same instance; the file is a
+    compare file whose entries are named by scaling policy (each one's config has its ``scaling``)."""
+    started = time.perf_counter()
+    configs = [dataclasses.replace(config, scaling=scaling) for scaling in scalings]
+    for each in configs:
+        check_scaling(each)
+    prepared = make_annotator(config)
+    tasks = [SimTask(each, preset, prepared, run_sim) for each in configs]
+    results = dict(zip(scalings, run_tasks(tasks, jobs, on_progress), strict=True))
+    for result in results.values():
+        result["preset"] = preset
+    file = compare_result(dataclasses.replace(config, scaling=scalings[0]), "sim", results, time.perf_counter() - started)
+    file["kind"] = "scale-compare"
+    file["preset"] = preset
+    file["config"]["scaling"] = None  # it varies: each entry says its own
+    return file

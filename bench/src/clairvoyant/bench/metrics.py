@@ -117,3 +117,16 @@ def _step_series(events: list[tuple[float, int]], end: float, points: int) -> li
         inside = int(depth[i:j].max()) if j > i else carried
         series.append([float(start), max(carried, inside)])
     return series
+
+
+def global_queue_by_model(records: RunRecords) -> dict[str, dict[str, float]]:
+    """Per model, the global queue wait of its placed calls (ready until the scheduler placed
+    it: what a model short of replicas costs), mean and P95 seconds, and the calls counted."""
+    waits: dict[str, list[float]] = defaultdict(list)
+    for c in records.calls:
+        if c.dispatch_time is not None:
+            waits[c.model].append(c.dispatch_time - c.ready_time)
+    return {
+        model: {"mean_s": float(np.mean(v)), "p95_s": _pct(v, 95), "calls": float(len(v))}
+        for model, v in sorted(waits.items())
+    }

@@ -5,7 +5,8 @@
 
 A compare file gives ``<stem>-jct-cdf.png`` (the CDF of workflow JCT, one line per policy) and
 ``<stem>-queue-depth.png`` (calls waiting per model over time, one panel per model, one line per
-policy, as Pythia's Fig. 9).  A sweep file gives ``<stem>-latency-throughput.png``: average and P95
+policy, as Pythia's Fig. 9); with autoscaling, also ``<stem>-replicas.png`` (each model's ready
+replicas over time, solid, and all it holds, starting and draining too, dashed).  A sweep file gives ``<stem>-latency-throughput.png``: average and P95
 JCT against output-token throughput, one point per load level, one line per policy.  Figures are
 small (100 dpi) so they can be committed.
 """
@@ -47,10 +48,13 @@ def plot_file(results_path: Path, out_dir: Path | None = None, *, load: float | 
 
 
 def _compare_figures(results: dict[str, Any], out_dir: Path, stem: str) -> list[Path]:
-    return [
+    paths = [
         plot_jct_cdf(results, out_dir / f"{stem}-jct-cdf.png"),
         plot_queue_depth(results, out_dir / f"{stem}-queue-depth.png"),
     ]
+    if any("autoscaling" in metrics for metrics in results["policies"].values()):
+        paths.append(plot_replicas(results, out_dir / f"{stem}-replicas.png"))
+    return paths
 
 
 def _title(results: dict[str, Any]) -> str:
@@ -61,7 +65,12 @@ def _title(results: dict[str, Any]) -> str:
         load = f"{config['rate']:g} workflows/s"
     else:
         load = "all at t=0"
-    return f"{results['workload']}: {config.get('workflows', '?')} workflows, {load}, {config.get('gpus', '?')} GPUs"
+    if config.get("arrivals"):
+        load = config["arrivals"]
+    gpus = f"{config.get('gpus', '?')} GPUs"
+    if "scaling" in config:  # an autoscaled run: the budget is what bounds it
+        gpus = f"budget {config.get('gpu_budget') or config.get('gpus')} GPUs, preset {results.get('preset', '?')}"
+    return f"{results['workload']}: {config.get('workflows', '?')} workflows, {load}, {gpus}"
 
 
 def _save(fig: Figure, path: Path) -> Path:
@@ -114,6 +123,34 @@ def plot_queue_depth(results: dict[str, Any], path: Path) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(loc="upper right", fontsize=8)
     axes[-1, 0].set_xlabel("time since the first arrival (s)")
+    fig.suptitle(_title(results), fontsize=9)
+    return _save(fig, path)
+
+
+def plot_replicas(results: dict[str, Any], path: Path) -> Path:
+    """Replicas per model over time, one panel per model, one colour per entry (a scaling
+    policy, or a preset under one): ready (solid) and held in all (dashed)."""
+    entries = {name: m["autoscaling"] for name, m in results["policies"].items() if "autoscaling" in m}
+    models = sorted({model for scaled in entries.values() for model in scaled["replica_series"]})
+    fig, axes = plt.subplots(
+        len(models) or 1, 1, figsize=(7, 2.4 * max(1, len(models))), sharex=True, squeeze=False
+    )
+    for ax, model in zip(axes[:, 0], models, strict=False):
+        for name, scaled in entries.items():
+            series = scaled["replica_series"].get(model, [])
+            if not series:
+                continue
+            end = results["policies"][name].get("virtual_seconds", series[-1][0])
+            times = [t for t, _, _ in series] + [max(end, series[-1][0])]
+            (line,) = ax.step(times, [r for _, r, _ in series] + [series[-1][1]], where="post",
+                              linewidth=1, label=f"{name} ({scaled['gpu_seconds']:,.0f} GPU-s)")  # fmt: skip
+            ax.step(times, [n for _, _, n in series] + [series[-1][2]], where="post", linewidth=0.8,
+                    linestyle="--", color=line.get_color())  # fmt: skip
+        ax.set_ylabel("replicas")
+        ax.set_title(f"{model}: ready (solid), held (dashed)", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper right", fontsize=7)
+    axes[-1, 0].set_xlabel("virtual time (s)")
     fig.suptitle(_title(results), fontsize=9)
     return _save(fig, path)
 

@@ -24,7 +24,7 @@ from clairvoyant.bench.records import CallResult, RunRecords
 from clairvoyant.bench.sim.lower_bound import ServiceTime, fresh_and_reused
 from clairvoyant.bench.sim.replicas import TENANT, ReplicaSpec
 from clairvoyant.bench.sim.simulator import Simulator
-from clairvoyant.core.annotations import Confidence, LengthInterval, NextAgent, SysAnnotations
+from clairvoyant.core.annotations import Confidence, LengthInterval, NextAgent, ProjectedCalls, SysAnnotations
 from clairvoyant.profiler import core as profiler
 from clairvoyant.profiler.core.sys_annotations import sys_annotations
 from clairvoyant.workloads.program import Call, WorkflowProgram
@@ -99,11 +99,21 @@ def warm_up(
     return records
 
 
+PROJECTION_STEPS = 8  # how many steps ahead the oracle's projection looks (Pythia Alg. 4's horizon)
+
+
 class _Truth:
     """One program's ground truth, per call id."""
 
     def __init__(self, program: WorkflowProgram, service_times: Mapping[str, ServiceTime]) -> None:
         children = program.dependents()
+        # A call's step is its depth in the DAG: the longest chain of calls before it.
+        self.depth: dict[str, int] = {}
+        self.calls_at: dict[int, dict[str, int]] = {}  # depth -> agent -> calls of the workflow
+        for call in program.calls:  # dependencies come earlier in the tuple
+            depth = self.depth[call.call_id] = max((self.depth[d] + 1 for d in call.dependencies), default=0)
+            at = self.calls_at.setdefault(depth, {})
+            at[call.agent_id] = at.get(call.agent_id, 0) + 1
         self.remaining_steps: dict[str, int] = {}
         self.remaining_time_s: dict[str, float] = {}
         self.next_agents: dict[str, tuple[str, ...]] = {}
@@ -119,6 +129,15 @@ class _Truth:
                 )
                 self.remaining_time_s[call.call_id] = call.tool_latency_s + after
 
+    def projection(self, call_id: str) -> tuple[ProjectedCalls, ...]:
+        """The workflow's calls in each of the ``PROJECTION_STEPS`` steps after the call's own, per agent."""
+        depth = self.depth[call_id]
+        return tuple(
+            ProjectedCalls(step, agent, float(count))
+            for step in range(1, PROJECTION_STEPS + 1)
+            for agent, count in sorted(self.calls_at.get(depth + step, {}).items())
+        )
+
 
 def _service(call: Call, service_times: Mapping[str, ServiceTime]) -> float:
     fresh, reused = fresh_and_reused(call)
@@ -133,9 +152,12 @@ class OracleAnnotator:
       parallel calls are one step, as in the profiler's traces);
     - next_agents: the distinct agents of its direct dependents, each with probability 1;
     - expected_remaining_time_s (only with ``service_times``): from its end, its tool plus the
-      longest chain after it at batch-1 service times (no queueing: a lower bound).
-    Branches that do not descend from the call are not counted (in the built-in workloads every
-    branch joins again before the end).
+      longest chain after it at batch-1 service times (no queueing: a lower bound);
+    - projection (Pythia Alg. 4's ProjectGraph): the workflow's calls per agent at each DAG depth
+      1..``PROJECTION_STEPS`` past the call's own (a step = a depth: the calls of a fan-out are one
+      step), whether or not they descend from the call.
+    Except in the projection, branches that do not descend from the call are not counted (in the
+    built-in workloads every branch joins again before the end).
     """
 
     def __init__(self, service_times: Mapping[str, ServiceTime] | None = None) -> None:
@@ -153,6 +175,7 @@ class OracleAnnotator:
             expected_remaining_steps=float(truth.remaining_steps[call.call_id]),
             next_agents=tuple(NextAgent(agent_id, 1.0) for agent_id in truth.next_agents[call.call_id]),
             expected_remaining_time_s=float(remaining_time_s) if remaining_time_s is not None else None,
+            projection=truth.projection(call.call_id),
         )
 
     def observe(self, program: WorkflowProgram, record: CallResult, last: bool) -> None:

@@ -47,6 +47,7 @@ __all__ = [
     "SimProgress",
     "Simulator",
     "SteppedRunner",
+    "Ticker",
 ]
 
 PROGRESS_EVERY_S = 10.0  # virtual seconds between progress calls (``Simulator.run(progress=...)``)
@@ -73,8 +74,27 @@ class Annotator(Protocol):
         ...
 
 
+class Ticker(Protocol):
+    """Something that acts every so often in virtual time, between events (the autoscaler,
+    autoscaling.py).  ``Simulator.attach`` hands it the run; the run then stops when no event is
+    left and every workflow has ended, so a ticker never prolongs a run."""
+
+    @property
+    def next_tick(self) -> float:
+        """When it acts next: after every event due at or before then."""
+        ...
+
+    def tick(self) -> None:
+        """Act at ``events.now`` (= ``next_tick``); then ``next_tick`` is later."""
+        ...
+
+
+IDLE_TICKS_LIMIT = 10_000  # ticks with no event left and workflows unfinished before a run gives up
+
+
 class Simulator:
-    """One run: fixed replicas, one scheduling preset, a list of (arrival time, program)."""
+    """One run: one scheduling preset, a list of (arrival time, program), and replicas that are
+    fixed unless a ``Ticker`` (the autoscaler) adds and removes them."""
 
     def __init__(
         self,
@@ -124,6 +144,8 @@ class Simulator:
         self._workflows_done = 0
         self._think_time_s = 0.0
         self._submitted = False  # a call joined the global queue since depths were last recorded
+        self._ticker: Ticker | None = None
+        self._removed_preemptions = 0  # of replicas that have left the run
         for replica in self.replicas.values():
             self.scheduler.update_worker(replica.report(), 0.0)
 
@@ -155,6 +177,7 @@ class Simulator:
         """Go on with a run that ``run(..., until=...)`` stopped: to completion, or to ``until``."""
         self.advance(until, progress)
         preemptions = sum(r.engine.stats().preemptions_total for r in self.replicas.values())
+        preemptions += self._removed_preemptions
         return self._recorder.assemble(self.events.now, preemptions, partial=until is not None)
 
     def progress(self) -> SimProgress:
@@ -179,7 +202,9 @@ class Simulator:
         gc.disable()
         end = float("inf") if until is None else until
         try:
-            if progress is None:
+            if self._ticker is not None:
+                self._advance_ticking(self._ticker, end, progress)
+            elif progress is None:
                 self.events.run(end)
             else:
                 while (due := self.events.next_time()) is not None and due <= end:
@@ -189,6 +214,59 @@ class Simulator:
             torch.set_num_threads(threads)
             if collecting:
                 gc.enable()
+
+    def _advance_ticking(
+        self, ticker: Ticker, end: float, progress: Callable[[SimProgress], None] | None
+    ) -> None:
+        """The events up to each tick, then the tick, until nothing is left to happen.
+
+        A tick comes after every event due at or before it.  The run ends at its last event (not
+        at a tick after it), so a ticker that changes nothing leaves every record as without it."""
+        reported = 0.0
+        idle_ticks = 0
+        while (due := ticker.next_tick) <= end:
+            self.events.run(due)
+            if self.events.next_time() is None and self._workflows_done == self._workflows_total:
+                break
+            self.events.now = due  # every event left is later
+            ticker.tick()
+            idle_ticks = idle_ticks + 1 if self.events.next_time() is None else 0
+            if idle_ticks > IDLE_TICKS_LIMIT:
+                break  # nothing will ever run again (assemble reports the unfinished workflows)
+            if progress is not None and due - reported >= PROGRESS_EVERY_S:
+                reported = due
+                progress(self.progress())
+        if end != float("inf"):
+            self.events.run(end)
+        if progress is not None:
+            progress(self.progress())
+
+    # ---- replicas joining and leaving (the autoscaler's hooks) ---------------------------------
+
+    def attach(self, ticker: Ticker) -> None:
+        """Have ``ticker`` act between events from now on (one at a time)."""
+        self._ticker = ticker
+
+    def add_replica(self, spec: ReplicaSpec) -> Replica:
+        """A replica joins now: the scheduler hears of it and may place calls on it at once."""
+        if spec.worker_id in self.replicas:
+            raise ValueError(f"replica {spec.worker_id!r} is already in the run")
+        replica = self.replicas[spec.worker_id] = Replica(spec, lambda: self.events.now)
+        replica.engine.scheduler.rule = self.scheduler.engine_rule()
+        self.scheduler.update_worker(replica.report(), self.events.now)
+        self._dispatch()
+        return replica
+
+    def remove_replica(self, worker_id: str) -> None:
+        """An idle replica leaves now (the scheduler removes its worker).  Raises ValueError when
+        it still holds a call: a replica is released only once drained."""
+        replica = self.replicas[worker_id]
+        held = self.scheduler.placed_requests(worker_id)
+        if held or replica.engine.has_unfinished() or replica.run is not None:
+            raise ValueError(f"replica {worker_id!r} is not idle ({len(held)} calls placed on it)")
+        del self.replicas[worker_id]
+        self._removed_preemptions += replica.engine.stats().preemptions_total
+        self.scheduler.remove_worker(worker_id)
 
     # ---- workflows and the global scheduler ----------------------------------------------------
 
