@@ -112,7 +112,7 @@ def call(client: OpenAI, workflow_id: str, agent: str, model: str, max_tokens: i
         extra_body={"app_metadata": meta, "ignore_eos": True},
     )
     assert reply.usage is not None and reply.usage.completion_tokens == max_tokens
-    return reply.id
+    return reply.id.removeprefix("chatcmpl-")  # the request id its completion record carries
 
 
 def workflow(client: OpenAI, pool: ThreadPoolExecutor, workflow_id: str, planner_tokens: int,
@@ -152,7 +152,9 @@ async def placements(url: str, request_ids: set[str]) -> dict[str, tuple[str, fl
     found: dict[str, tuple[str, float]] = {}
     nc = await nats.connect(url)
     try:
-        sub = await nc.jetstream().subscribe(COMPLETIONS_SUBJECT, deliver_policy=DeliverPolicy.ALL)
+        sub = await nc.jetstream().subscribe(
+            COMPLETIONS_SUBJECT, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
+        )
         deadline = time.monotonic() + 60
         while set(found) < request_ids and time.monotonic() < deadline:
             try:
@@ -202,7 +204,7 @@ def test_pythia_starts_explorers_before_the_fan_out_and_releases_them_after(stac
         )
         # After the phase, every replica it started is drained and released.
         wait_until("the burst's explorers to be released",
-                   lambda: len(events.of("released")) >= len(events.of("started")), timeout=90)  # fmt: skip
+                   lambda: len(events.of("released")) >= len(events.of("started")), timeout=150)  # fmt: skip
     finally:
         events.close()
 

@@ -87,14 +87,13 @@ def test_pythia_provisions_the_fan_out_before_the_planners_finish() -> None:
     decision = PythiaScaling(horizon_steps=2).tick(state, now=0.0)
     assert decision.diagnostics[f"demand_calls.{EXPLORER}"] == pytest.approx(500.0)
     assert decision.diagnostics[f"demand_calls.{PLANNER}"] == pytest.approx(50.0)
-    # Wanted: 500 / 64 -> 8 explorer and 50 / 32 -> 2 planner replicas; 8 GPUs, water-filled by
-    # load per unit of capacity: 7 explorers (500 / 448) before a second planner (50 / 64).
-    assert decision.targets == {PLANNER: 1, EXPLORER: 7, VERIFIER: 0}
+    # Wanted: 500 / 64 -> 8 explorer and 50 / 32 -> 2 planner replicas; 8 GPUs.  The 50 planner
+    # calls running now keep their 2 replicas first; the other 6 GPUs go to the explorers.
+    assert decision.targets == {PLANNER: 2, EXPLORER: 6, VERIFIER: 0}
     actions = plan_actions(decision, state)
-    assert actions.drain == ("p1",)  # the planner replica with less work stops taking calls
-    assert actions.release == ()  # its 18 planner calls finish first
-    assert actions.start == {EXPLORER: 6}  # p1 still holds its GPU
-    assert actions.clamped == {EXPLORER: 1}  # beyond the budget for now: logged, and waits
+    assert actions.drain == ()
+    assert actions.start == {EXPLORER: 6}
+    assert "8 wanted, 6 fit the GPU budget" in decision.reasons[EXPLORER]
 
 
 def test_the_reactive_baseline_fed_the_same_state_does_not_scale_until_the_queue_builds() -> None:
@@ -179,6 +178,10 @@ def test_fit_budget_water_fills_by_demand_and_gives_every_model_with_demand_one_
     demand = {PLANNER: 100.0, EXPLORER: 600.0, VERIFIER: 1.0}
     assert fit_budget(wanted, demand, PROFILES, budget=6) == {PLANNER: 1, EXPLORER: 3, VERIFIER: 1}
     assert fit_budget(wanted, demand, PROFILES, budget=100) == wanted
+    # The load now comes first: 100 planner calls waiting need 4 replicas before the explorers'
+    # projected 600 get more than their first.
+    now = fit_budget(wanted, demand, PROFILES, budget=6, first={PLANNER: 4}, first_demand={PLANNER: 100.0})
+    assert now == {PLANNER: 3, EXPLORER: 1, VERIFIER: 1}
 
 
 def test_plan_actions_cancels_starting_replicas_first_and_waits_for_draining_gpus() -> None:

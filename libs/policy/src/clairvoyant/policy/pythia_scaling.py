@@ -16,9 +16,11 @@ The choices where the paper is silent (docs/autoscaling.md, "Pythia"):
 * A workflow between calls (waiting on a tool) has no active call but will call again: its last
   projection, shifted by the step it completed, is kept for ``workflow_memory_s``, unless one of
   its calls said ``workflow_end``.
-* EstimateReplicas is ceil(D[m] / calls_per_replica) (``ModelProfile``); targets that do not fit
-  the GPU budget are water-filled by demand (``fit_budget``), which is how scaling one model up
-  drains another in a constrained cluster.
+* EstimateReplicas is ceil(D[m] / calls_per_replica) (``ModelProfile``).  Targets that do not fit
+  the GPU budget are water-filled (``fit_budget``): every model with demand gets one replica, then
+  the calls queued or running *now* are served first, then the projected ones.  Calls waiting now
+  cost queueing for certain; a projected call may be several steps away, beyond a cold start.
+  This is how scaling one model up drains another in a constrained cluster.
 * H = 2 steps by default: one step of an agent plus its tool call is tens of seconds, about one
   replica's cold start, so two steps ahead is the nearest horizon that hides a cold start.
 """
@@ -78,7 +80,11 @@ class PythiaScaling:
 
     def tick(self, state: ScalingInput, now: float) -> ScalingDecision:
         demand, unmapped = self.estimate_imminent_demand(state, now)
+        now_load: dict[str, float] = {}
+        for call in state.active:
+            now_load[call.model] = now_load.get(call.model, 0.0) + 1.0
         wanted: dict[str, int] = {}
+        needed_now: dict[str, int] = {}
         reasons: dict[str, str] = {}
         for model, profile in sorted(state.models.items()):
             load = demand.get(model, 0.0)
@@ -86,8 +92,11 @@ class PythiaScaling:
             if profile.max_replicas is not None:
                 replicas = min(replicas, profile.max_replicas)
             wanted[model] = replicas
+            needed_now[model] = replicas_for(now_load.get(model, 0.0), profile.calls_per_replica)
             reasons[model] = f"imminent load {load:.1f} calls within {self.horizon_steps} steps"
-        targets = fit_budget(wanted, demand, state.models, state.gpu_budget)
+        targets = fit_budget(
+            wanted, demand, state.models, state.gpu_budget, first=needed_now, first_demand=now_load
+        )
         for model, target in targets.items():
             if target < wanted[model]:
                 reasons[model] += f"; {wanted[model]} wanted, {target} fit the GPU budget"

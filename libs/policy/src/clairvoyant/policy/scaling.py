@@ -146,39 +146,49 @@ def fit_budget(
     demand: Mapping[str, float],
     profiles: Mapping[str, ModelProfile],
     budget: int,
+    *,
+    first: Mapping[str, int] | None = None,
+    first_demand: Mapping[str, float] | None = None,
 ) -> dict[str, int]:
     """Clamp ``wanted`` replicas per model to ``budget`` GPUs.
 
-    Models with ``min_replicas`` keep them first; then every model with demand gets one replica
-    (most demand first); then replicas go one at a time to the model whose load per unit of
-    capacity would stay highest (water-filling).  What fits of ``wanted`` is returned.
+    In order: models keep their ``min_replicas``; every model with demand gets one replica (most
+    ``first_demand``, then demand, first); replicas go one at a time toward ``first`` (the
+    replicas the load *now* needs, when given) to the model whose ``first_demand`` per unit of
+    capacity would stay highest; then the same toward ``wanted`` by ``demand`` (water-filling).
+    What fits is returned; a model never gets more than it wants.
     """
+    now_demand = first_demand or {}
 
     def gpus(model: str) -> int:
         return profiles[model].gpus_per_replica if model in profiles else 1
 
-    def pressure(model: str, replicas: int) -> float:
+    def pressure(load: Mapping[str, float], model: str, replicas: int) -> float:
         capacity = profiles[model].calls_per_replica if model in profiles else 1.0
-        return demand.get(model, 0.0) / (replicas * max(capacity, 1e-9))
+        return load.get(model, 0.0) / (replicas * max(capacity, 1e-9))
 
     targets = {model: 0 for model in wanted}
     left = budget
-    for model in sorted(wanted):
-        floor = min(wanted[model], profiles[model].min_replicas if model in profiles else 0)
-        while targets[model] < floor and left >= gpus(model):
-            targets[model] += 1
-            left -= gpus(model)
-    for model in sorted(wanted, key=lambda m: (-demand.get(m, 0.0), m)):
+
+    def fill(goal: Mapping[str, int], load: Mapping[str, float]) -> None:
+        nonlocal left
+        while True:
+            open_models = [m for m in wanted if targets[m] < min(goal.get(m, 0), wanted[m]) and left >= gpus(m)]
+            if not open_models:
+                return
+            best = max(open_models, key=lambda m: (pressure(load, m, targets[m] + 1), m))
+            targets[best] += 1
+            left -= gpus(best)
+
+    fill({m: profiles[m].min_replicas if m in profiles else 0 for m in wanted}, demand)
+    for model in sorted(wanted, key=lambda m: (-now_demand.get(m, 0.0), -demand.get(m, 0.0), m)):
         if targets[model] == 0 and wanted[model] > 0 and left >= gpus(model):
             targets[model] = 1
             left -= gpus(model)
-    while True:
-        open_models = [m for m in wanted if targets[m] < wanted[m] and left >= gpus(m)]
-        if not open_models:
-            return targets
-        best = max(open_models, key=lambda m: (pressure(m, targets[m] + 1), m))
-        targets[best] += 1
-        left -= gpus(best)
+    if first is not None:
+        fill(first, now_demand)
+    fill(wanted, demand)
+    return targets
 
 
 class ScalingActions(NamedTuple):
