@@ -16,7 +16,6 @@ clash is an error; internal ports fall back to free ones when their default is t
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import logging
 import os
@@ -37,6 +36,7 @@ from clairvoyant.core.config import ServiceSettings
 from clairvoyant.core.grpcutil import GrpcTls, sync_channel
 from clairvoyant.core.logs import mask_url, setup_logging
 from clairvoyant.stack.natsserver import NatsServer, can_bind, free_port, free_ports, port_open
+from clairvoyant.stack.processes import die_with_parent
 
 logger = logging.getLogger("clairvoyant.stack")
 
@@ -51,19 +51,6 @@ def _pick(port: int, what: str) -> int:
     chosen = free_port()
     logger.info("port %d (%s) is taken; using %d", port, what, chosen)
     return chosen
-
-
-# Looked up once here: the child runs _die_with_parent between fork and exec, where importing or
-# loading a library could deadlock on a lock another thread of the launcher held at the fork.
-_PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl if sys.platform.startswith("linux") else None
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """Linux: a service gets SIGTERM if the launcher dies, even by SIGKILL (no orphans).  The
-    signal follows the *thread* that started the child: supervise from a thread that outlives it."""
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def describe_exit(returncode: int) -> str:
@@ -267,11 +254,11 @@ class Stack:
 
         def launch() -> subprocess.Popen[bytes]:
             if log_dir is None:
-                return subprocess.Popen([sys.executable, "-m", module], env=env, preexec_fn=_die_with_parent)
+                return subprocess.Popen([sys.executable, "-m", module], env=env, preexec_fn=die_with_parent)
             log_dir.mkdir(parents=True, exist_ok=True)
             with (log_dir / f"{name}.log").open("ab") as log:
                 return subprocess.Popen([sys.executable, "-m", module], env=env, stdout=log,
-                                        stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+                                        stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
 
         self._add(name, launch)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import itertools
 import logging
 import os
@@ -18,19 +17,6 @@ from pathlib import Path
 from clairvoyant.autoscaler.actuators.base import ACTUATORS, ActuatorError, model_slug
 
 logger = logging.getLogger(__name__)
-
-# Looked up once here, as clairvoyant.stack.launcher does: the child calls it between fork and
-# exec, where loading a library could deadlock on a lock another thread held at the fork.
-_PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl if sys.platform.startswith("linux") else None
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """Linux: the worker gets SIGTERM when the thread that started it (the event loop's) exits,
-    even when the autoscaler is killed with SIGKILL, so no worker outlives it."""
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
 
 @dataclass(frozen=True)
 class LocalReplica:
@@ -68,8 +54,10 @@ class LocalActuator:
         # Installed beside the worker for local runs (the `local` extra); the autoscaler's image
         # has neither, so a misconfigured actuator fails here, at start-up.
         from clairvoyant.stack.natsserver import free_ports
+        from clairvoyant.stack.processes import die_with_parent
 
         self._free_ports = free_ports
+        self._die_with_parent = die_with_parent
         self.environment = dict(environment or {})
         self.model_environment = {model: dict(env) for model, env in (model_environment or {}).items()}
         self.log_dir = var_dir / "logs"
@@ -108,7 +96,7 @@ class LocalActuator:
                 process = await asyncio.create_subprocess_exec(
                     sys.executable, "-m", "clairvoyant.worker",
                     env=env, stdout=log, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=self._die_with_parent,
                 )
         except OSError as exc:
             raise ActuatorError(f"cannot start worker {worker_id} ({model}): {exc}") from exc
