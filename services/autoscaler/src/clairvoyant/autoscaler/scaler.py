@@ -145,7 +145,12 @@ class Scaler:
         for model, count in actions.start.items():
             profile = state.models.get(model) or ModelProfile(model, 1, 1.0, 0.0)
             for _ in range(count):
-                self._spawn(self._start(model, profile.gpus_per_replica, decision.reasons.get(model, "")))
+                # Booked now, before the platform answers, so the next tick counts its GPUs and does
+                # not start it twice; a worker of the model that registers meanwhile is this replica.
+                self._launches += 1
+                launching = f"pending:{model}:launch-{self._launches}"
+                self.book.provisioned(launching, model, profile.gpus_per_replica, now)
+                self._spawn(self._start(model, launching, decision.reasons.get(model, "")))
         self.last = TickResult(state, decision, time.time())
         metrics.observe_tick(state, decision)
         return decision
@@ -179,12 +184,7 @@ class Scaler:
         self.book.draining(replica_id, self.clock.now())
         self._publish("drain", replica_id, replica.model, decision.reasons.get(replica.model, ""))
 
-    async def _start(self, model: str, gpus: int, reason: str) -> None:
-        # Booked before the platform answers, so the next tick counts its GPUs and does not start
-        # it twice; a worker of the model that registers meanwhile is this replica.
-        self._launches += 1
-        launching = f"pending:{model}:launch-{self._launches}"
-        self.book.provisioned(launching, model, gpus, self.clock.now())
+    async def _start(self, model: str, launching: str, reason: str) -> None:
         try:
             replica_id = await self._retry(f"start a {model} replica", lambda: self.actuator.provision(model))
         except ActuatorError as exc:
