@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
 
 from pydantic import ValidationError
 
 from clairvoyant.autoscaler.app import AutoscalerApp
 from clairvoyant.autoscaler.config import AutoscalerSettings
+from clairvoyant.core.lifecycle import serve_until_signal
 from clairvoyant.core.logs import setup_logging
 from clairvoyant.core.metrics import serve_metrics
 from clairvoyant.core.telemetry import setup_tracing
@@ -44,17 +44,7 @@ def load_settings(argv: list[str] | None = None) -> AutoscalerSettings:
 
 async def serve(settings: AutoscalerSettings) -> None:
     serve_metrics(settings.host, settings.metrics_port)
-    app = AutoscalerApp(settings)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await app.start()
-    try:
-        await stop.wait()
-        logger.info("signal received; shutting down")
-    finally:
-        await app.stop()
+    await serve_until_signal(AutoscalerApp(settings))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
 
 from pydantic import ValidationError
 
+from clairvoyant.core.lifecycle import serve_until_signal
 from clairvoyant.core.logs import setup_logging
 from clairvoyant.core.metrics import serve_metrics
 from clairvoyant.core.telemetry import setup_tracing
@@ -44,17 +44,7 @@ def load_settings(argv: list[str] | None = None) -> SchedulerSettings:
 
 async def serve(settings: SchedulerSettings) -> None:
     serve_metrics(settings.host, settings.metrics_port)
-    app = SchedulerApp(settings)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await app.start()
-    try:
-        await stop.wait()
-        logger.info("signal received; shutting down")
-    finally:
-        await app.stop()
+    await serve_until_signal(SchedulerApp(settings))
 
 
 def main(argv: list[str] | None = None) -> None:
