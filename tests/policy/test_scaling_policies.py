@@ -304,3 +304,32 @@ def test_a_workflow_that_said_it_ends_is_not_remembered() -> None:
     assert pythia.tick(state, now=0.0).targets[EXPLORER] == 1  # its own call still counts
     after = pythia.tick(state._replace(active=()), now=1.0)
     assert after.targets == {PLANNER: 0, EXPLORER: 0, VERIFIER: 0}
+
+
+def test_in_a_full_cluster_scaling_one_model_up_drains_another() -> None:
+    """Four GPUs all on the planner model, which has two calls left; 200 explorer calls wait.
+    The planner keeps one replica, the others drain to make room, and explorers start as the
+    drained GPUs free up (one is idle: released now, its GPU used at once)."""
+    explorers = tuple(
+        ActiveCall(f"e{i}", EXPLORER, True, "research", f"wf{i}", "explorer", "acme") for i in range(200)
+    )
+    planners = (planner_call(900, ()), planner_call(901, ()))
+    state = ScalingInput(
+        replicas=replicas(
+            ("p0", PLANNER, ReplicaPhase.READY, 2),
+            ("p1", PLANNER, ReplicaPhase.READY, 0),
+            ("p2", PLANNER, ReplicaPhase.READY, 0),
+            ("p3", PLANNER, ReplicaPhase.READY, 0),
+        ),
+        queued={EXPLORER: 200},
+        gpu_budget=4,
+        models=PROFILES,
+        active=explorers + planners,
+        agent_models=AGENT_MODELS,
+    )
+    decision = PythiaScaling().tick(state, now=0.0)
+    assert decision.targets[PLANNER] == 1 and decision.targets[EXPLORER] == 3
+    actions = plan_actions(decision, state)
+    assert set(actions.drain) == {"p1", "p2", "p3"}  # the idle ones; p0 still serves its 2 calls
+    assert set(actions.release) == {"p1", "p2", "p3"}
+    assert actions.start == {EXPLORER: 3}
