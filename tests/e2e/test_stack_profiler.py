@@ -99,7 +99,8 @@ def test_the_profiler_learns_a_chain_and_annotates_its_next_requests(stack: Stac
     # so the chain below measures learning, not start-up.
     warm = wait_for("an annotated reply",
                     lambda: call(client, f"warm-{time.monotonic_ns()}", "warmup", 1, workflow_type="warmup") or None)
-    assert warm.get("confidence") == "CONFIDENCE_NONE", warm
+    # NONE, or SHADOW once a retried warm-up's earlier records were ingested: never learned.
+    assert warm.get("confidence") in ("CONFIDENCE_NONE", "CONFIDENCE_SHADOW"), warm
 
     first = call(client, "wf-0", "planner", 4)
     assert first.get("confidence") == "CONFIDENCE_NONE"  # never seen: nothing predicted
