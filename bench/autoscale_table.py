@@ -1,6 +1,7 @@
 """Summarise `compare --scalings` results files as the markdown table docs/benchmarks.md shows.
 
     python bench/autoscale_table.py bench/results/autoscale-b3-*-oracle.json
+    python bench/autoscale_table.py --sweep bench/results/autoscale-sweep.png bench/results/autoscale-b3-*-c*-oracle.json
 
 Per file and scaling policy: the global queue wait over every call (mean, calls-weighted across
 models) and per model, avg and P95 JCT, GPU-seconds, and pythia's ratios against static in the
@@ -45,7 +46,40 @@ def rows(path: Path) -> list[str]:
     return out
 
 
+def sweep_plot(out: Path, paths: list[str]) -> None:
+    """Queueing (all calls) against concurrency, per workload and scaling policy (Pythia Fig. 10)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        concurrency = data["config"].get("concurrency")
+        if not concurrency:
+            continue
+        for policy, run in data["policies"].items():
+            points.setdefault(data["workload"], {}).setdefault(policy, []).append((concurrency, overall_queue_s(run)))
+    fig, axes = plt.subplots(1, len(points), figsize=(5 * len(points), 3.6), squeeze=False)
+    for ax, (workload, policies) in zip(axes[0], sorted(points.items()), strict=True):
+        for policy in [p for p in ORDER if p in policies]:
+            xs, ys = zip(*sorted(policies[policy]), strict=True)
+            ax.plot(xs, ys, marker="o", label=policy)
+        ax.set_title(workload)
+        ax.set_xlabel("concurrent workflows")
+        ax.set_ylabel("mean queueing delay, all calls (s)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    print(f"saved {out}")
+
+
 def main(paths: list[str]) -> None:
+    if paths and paths[0] == "--sweep":
+        sweep_plot(Path(paths[1]), paths[2:])
+        return
     print("| run | policy | queue mean s (all calls) | queue mean s per model | avg JCT s | P95 JCT s | GPU-s |")
     print("|---|---|---:|---|---:|---:|---:|")
     for path in paths:
