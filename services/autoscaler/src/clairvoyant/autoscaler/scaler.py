@@ -22,13 +22,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import grpc
 
 from clairvoyant.autoscaler import convert, metrics
 from clairvoyant.autoscaler.actuators.base import Actuator, ActuatorError
+from clairvoyant.autoscaler.background import Background
 from clairvoyant.autoscaler.core import (
     ClusterView,
     ProfileDefaults,
@@ -49,8 +49,6 @@ from clairvoyant.policy.scaling import (
 )
 
 logger = logging.getLogger(__name__)
-
-MAX_BACKOFF_S = 30.0
 
 
 @dataclass
@@ -95,7 +93,7 @@ class Scaler:
         self.book = ReplicaBook(options.startup_allowance_s)
         self.last = TickResult()
         self.failed_starts_total = 0
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._background = Background(options.retries, options.backoff_s)
         self._busy: set[str] = set()  # replica ids with a stop in flight
         self._expected: list[str] | None = None
         self._launches = 0
@@ -141,7 +139,7 @@ class Scaler:
         for replica_id in actions.drain:
             await self._drain(replica_id, decision)
         for replica_id in actions.release:
-            self._spawn(self._release(replica_id))
+            self._background.spawn(self._release(replica_id))
         for model, count in actions.start.items():
             profile = state.models.get(model) or ModelProfile(model, 1, 1.0, 0.0)
             for _ in range(count):
@@ -150,7 +148,7 @@ class Scaler:
                 self._launches += 1
                 launching = f"pending:{model}:launch-{self._launches}"
                 self.book.provisioned(launching, model, profile.gpus_per_replica, now)
-                self._spawn(self._start(model, launching, decision.reasons.get(model, "")))
+                self._background.spawn(self._start(model, launching, decision.reasons.get(model, "")))
         self.last = TickResult(state, decision, time.time())
         metrics.observe_tick(state, decision)
         return decision
@@ -186,7 +184,9 @@ class Scaler:
 
     async def _start(self, model: str, launching: str, reason: str) -> None:
         try:
-            replica_id = await self._retry(f"start a {model} replica", lambda: self.actuator.provision(model))
+            replica_id = await self._background.retry(
+                f"start a {model} replica", lambda: self.actuator.provision(model)
+            )
         except ActuatorError as exc:
             self.book.released(launching)
             self._publish("failed", "", model, str(exc))
@@ -202,7 +202,9 @@ class Scaler:
             return
         self._busy.add(replica_id)
         try:
-            await self._retry(f"stop {replica_id}", lambda: self.actuator.release(replica_id, replica.model))
+            await self._background.retry(
+                f"stop {replica_id}", lambda: self.actuator.release(replica_id, replica.model)
+            )
         except ActuatorError as exc:
             self._publish("failed", replica_id, replica.model, str(exc))
             return
@@ -235,27 +237,7 @@ class Scaler:
                     timeout=self.options.rpc_timeout_s,
                 )
         self.book.draining(replica_id, self.clock.now())
-        self._spawn(self._release(replica_id))
-
-    async def _retry(self, what: str, action: Callable[[], Awaitable[str | None]]) -> str:
-        delay = self.options.backoff_s
-        for attempt in range(self.options.retries + 1):
-            try:
-                return await action() or ""
-            except ActuatorError as exc:
-                if attempt == self.options.retries:
-                    logger.error("gave up trying to %s after %d attempts: %s", what, attempt + 1, exc)
-                    raise
-                logger.warning("could not %s (%s); retrying in %.1f s", what, exc, delay)
-                metrics.ACTUATOR_RETRIES.inc()
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, MAX_BACKOFF_S)
-        raise AssertionError("unreachable")
-
-    def _spawn(self, work: Awaitable[None]) -> None:
-        task: asyncio.Task[None] = asyncio.ensure_future(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._background.spawn(self._release(replica_id))
 
     def _publish(self, kind: str, replica_id: str, model: str, reason: str) -> None:
         if self.bus is None:
@@ -263,7 +245,7 @@ class Scaler:
         event = autoscaler_pb2.ScalingEvent(
             kind=kind, replica_id=replica_id, model=model, time=time.time(), reason=reason
         )
-        self._spawn(self.bus.publish(f"cv.scaling.{kind}", event.SerializeToString()))
+        self._background.spawn(self.bus.publish(f"cv.scaling.{kind}", event.SerializeToString()))
 
     # ---- lifetime -------------------------------------------------------------------------------
 
@@ -277,10 +259,7 @@ class Scaler:
 
     async def settle(self) -> None:
         """Wait for the starts and stops in flight (tests, shutdown)."""
-        while self._tasks:
-            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self._background.settle()
 
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        await self._background.close()
