@@ -61,7 +61,7 @@ class AutoscalerSettings(ServiceSettings):
     )
     actuator_retries: int = Field(5, ge=0, description="retries of a failed start or stop, with backoff")
     actuator_backoff_s: float = Field(1.0, gt=0, description="first retry delay; doubles up to 30 s")
-    rpc_timeout_s: float = Field(2.0, gt=0, description="deadline of each call to the scheduler")
+    rpc_timeout_s: float = Field(2.0, gt=0, description="deadline of each call to the scheduler, and of the Drain sent to a worker")
 
     @field_validator("scaling_policy")
     @classmethod

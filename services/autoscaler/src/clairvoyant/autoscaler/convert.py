@@ -23,6 +23,7 @@ def cluster_view(
             kv_utilization=w.kv_blocks_used / w.kv_blocks_total if w.kv_blocks_total else 0.0,
             draining=w.draining,
             max_batch=w.max_batch,
+            address=w.address,
         )
         for w in snapshot.workers
     )

@@ -5,7 +5,9 @@ whose worker reports is ready; one past its start-up allowance is torn down and 
 the policy for a decision, turns it into actions (``plan_actions``: drains first, then releases of
 idle draining replicas, then starts within the GPU budget) and carries them out:
 
-* drain: ``Scheduler.Drain`` first (routing exclusion), then the book marks it draining;
+* drain: ``Scheduler.Drain`` first (routing exclusion), then the book marks it draining, and the
+  worker's own ``Drain`` hands back the calls still waiting in its engine queue (best effort, in
+  the background), which the gateway re-places on other replicas;
 * release: the actuator stops it once it is drained and idle (no keep-alive);
 * start: the actuator launches it; the book counts it as starting (its GPUs are held) until its
   worker registers.
@@ -37,9 +39,16 @@ from clairvoyant.autoscaler.core import (
     model_profiles,
     scaling_input,
 )
-from clairvoyant.contracts.v1 import autoscaler_pb2, scheduler_pb2, scheduler_pb2_grpc
+from clairvoyant.contracts.v1 import (
+    autoscaler_pb2,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+    worker_pb2,
+    worker_pb2_grpc,
+)
 from clairvoyant.core.bus import EventBus
 from clairvoyant.core.clock import Clock
+from clairvoyant.core.grpcutil import channel
 from clairvoyant.policy.scaling import (
     ModelProfile,
     ScalingDecision,
@@ -98,6 +107,8 @@ class Scaler:
         self._expected: list[str] | None = None
         self._launches = 0
         self._clamped: dict[str, int] = {}
+        self._worker_addresses: dict[str, str] = {}  # worker id -> gRPC address, as last read
+        self._worker_channels: dict[str, grpc.aio.Channel] = {}  # by address, opened on a drain
 
     # ---- one tick -------------------------------------------------------------------------------
 
@@ -122,6 +133,7 @@ class Scaler:
             logger.warning("tick skipped, the cluster is left as it is: %s", self.last.error)
             metrics.TICKS.labels(outcome="skipped").inc()
             return None
+        self._worker_addresses = {w.worker_id: w.address for w in view.workers if w.address}
         observed = self.book.observe(view.workers, now)
         for replica_id in observed.ready:
             replica = self.book.get(replica_id)
@@ -181,6 +193,33 @@ class Scaler:
                 return
         self.book.draining(replica_id, self.clock.now())
         self._publish("drain", replica_id, replica.model, decision.reasons.get(replica.model, ""))
+        address = self._worker_addresses.get(replica_id)
+        if address:
+            self._background.spawn(self._hand_back_queued(replica_id, address))
+
+    async def _hand_back_queued(self, replica_id: str, address: str) -> None:
+        """Ask the drained worker to hand back the calls still waiting in its engine queue, so
+        that the gateway re-places them rather than they wait out the calls ahead of them there.
+        Best effort: a worker that cannot be reached keeps them, and they finish there."""
+        stub = worker_pb2_grpc.WorkerStub(self._worker_channel(address))
+        try:
+            reply = await stub.Drain(worker_pb2.WorkerDrainRequest(drain=True), timeout=self.options.rpc_timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            logger.info("%s keeps its queued calls: its Drain failed (%s)", replica_id, exc.code().name)
+            return
+        logger.info("%s handed back %d queued calls to be re-placed", replica_id, reply.requeued)
+
+    def _worker_channel(self, address: str) -> grpc.aio.Channel:
+        chan = self._worker_channels.get(address)
+        if chan is None:
+            chan = self._worker_channels[address] = channel(address)
+        return chan
+
+    async def _close_worker_channel(self, replica_id: str) -> None:
+        address = self._worker_addresses.get(replica_id)
+        chan = self._worker_channels.pop(address, None) if address else None
+        if chan is not None:
+            await chan.close(grace=None)
 
     async def _start(self, model: str, launching: str, reason: str) -> None:
         try:
@@ -211,6 +250,7 @@ class Scaler:
         finally:
             self._busy.discard(replica_id)
         self.book.released(replica_id)
+        await self._close_worker_channel(replica_id)
         metrics.ACTIONS.labels(action="release").inc()
         logger.info("released %s (%s): drained and idle", replica_id, replica.model)
         self._publish("released", replica_id, replica.model, "drained and idle")
@@ -263,3 +303,6 @@ class Scaler:
 
     async def close(self) -> None:
         await self._background.close()
+        channels, self._worker_channels = list(self._worker_channels.values()), {}
+        for chan in channels:
+            await chan.close(grace=None)

@@ -66,7 +66,7 @@ class AsyncEngine:
         self._thread.join(timeout)
 
     def stats(self) -> EngineStats:
-        """The stats after the most recent step (safe from any thread)."""
+        """The stats after the most recent step or withdrawal (safe from any thread)."""
         return self._stats
 
     async def call(self, fn: Callable[[LLMEngine], T]) -> T:
@@ -76,6 +76,19 @@ class AsyncEngine:
         future: asyncio.Future[T] = loop.create_future()
         self._commands.put(_Call(fn, loop, future))
         return await future
+
+    async def withdraw_unstarted(self, reason: Callable[[str], BaseException]) -> list[str]:
+        """Withdraw the waiting requests that have produced no token (``LLMEngine.withdraw_unstarted``)
+        and end each one's ``generate`` with ``reason(request_id)`` raised; returns their ids."""
+
+        def withdraw(engine: LLMEngine) -> list[str]:
+            request_ids = engine.withdraw_unstarted()
+            self._stats = engine.stats()  # the heartbeat shows the emptied queue at once
+            for request_id in request_ids:
+                self._deliver(request_id, reason(request_id))
+            return request_ids
+
+        return await self.call(withdraw)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         """Submit ``request`` and yield its outputs; leaving early aborts it and frees its blocks.

@@ -3,7 +3,7 @@ transport type in it.
 
 Turns a prompt (chat messages, text or token ids) into an ``EngineRequest``, enforcing the
 context window before anything is allocated; streams a request's outputs, counting them in
-``metrics``; exports and imports cached prefixes (KV migration, ``core/kv_transfer.py``).
+``metrics``; hands back the requests still waiting when the worker drains; exports and imports cached prefixes (KV migration, ``core/kv_transfer.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from clairvoyant.core.context_window import check_context_window
-from clairvoyant.core.errors import InvalidRequest
+from clairvoyant.core.errors import InvalidRequest, Unavailable
 from clairvoyant.worker import metrics
 from clairvoyant.worker.core.engine import EngineRequest, RequestOutput
 from clairvoyant.worker.core.kv_transfer import (
@@ -153,6 +153,17 @@ class WorkerFrontend:
             metrics.KV_MIGRATED.labels("import").inc(result.imported_tokens)
         return result
 
+    def draining_error(self) -> Unavailable:
+        """What a request this draining worker will not serve ends with: the caller places it
+        elsewhere (the gateway re-places a request whose worker is UNAVAILABLE before answering)."""
+        return Unavailable(f"worker {self.worker_id} is draining; re-place the request")
+
+    async def hand_back_waiting(self) -> int:
+        """End every request still waiting in the engine that has produced no token with
+        ``draining_error``; returns how many.  Requests that have started finish here."""
+        handed_back = await self.engine.withdraw_unstarted(lambda _: self.draining_error())
+        return len(handed_back)
+
     async def run(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         """Stream the request's outputs, recording latency metrics and the final status."""
         start = time.monotonic()
@@ -168,6 +179,9 @@ class WorkerFrontend:
                 yield output
         except InvalidRequest:
             status = "rejected"
+            raise
+        except Unavailable:  # handed back by a drain, to be placed elsewhere
+            status = "handed_back"
             raise
         except Exception:
             status = "error"

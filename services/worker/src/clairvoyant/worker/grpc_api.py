@@ -78,6 +78,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             span.set_attribute("cv.request_id", request_id)
             span.set_attribute("cv.worker_id", self.frontend.worker_id)
             try:
+                if self.heartbeat.draining:
+                    raise self.frontend.draining_error()
                 if request.model and request.model != self.frontend.model_name:
                     raise InvalidRequest(
                         f"this worker serves {self.frontend.model_name!r}, not {request.model!r}", param="model"
@@ -132,6 +134,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                         span.set_attribute("cv.completion_tokens", out.completion_tokens)
                         span.set_attribute("cv.cached_tokens", out.cached_tokens)
                     yield reply
+            except ClairvoyantError as err:  # a drain handed it back (Unavailable), or the engine refused it
+                await abort(context, err)
             except ValueError as exc:  # the engine refused it (e.g. larger than the whole KV pool)
                 await abort(context, InvalidRequest(str(exc), param="messages"))
             finally:
@@ -211,6 +215,18 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         assert result is not None
         tokens, imported = result
         return worker_pb2.ImportKVResponse(tokens=tokens, imported_tokens=imported)
+
+    async def Drain(  # noqa: N802
+        self, request: worker_pb2.WorkerDrainRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.WorkerDrainResponse:
+        """Refuse new work and hand back the waiting requests, or (``drain`` false) take work again."""
+        self.heartbeat.draining = request.drain
+        if not request.drain:
+            logger.info("worker %s takes work again", self.frontend.worker_id)
+            return worker_pb2.WorkerDrainResponse()
+        requeued = await self.frontend.hand_back_waiting()
+        logger.info("worker %s draining: handed back %d waiting requests", self.frontend.worker_id, requeued)
+        return worker_pb2.WorkerDrainResponse(requeued=requeued)
 
     async def Stats(  # noqa: N802
         self, request: worker_pb2.WorkerStatsRequest, context: grpc.aio.ServicerContext

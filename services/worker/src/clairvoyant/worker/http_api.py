@@ -131,6 +131,8 @@ def create_app(frontend: WorkerFrontend, heartbeat: Heartbeat) -> FastAPI:
         return await _generate(body, PromptInput(text=body.prompt), chat=False)
 
     async def _generate(body: GenerationBody, prompt: PromptInput, *, chat: bool) -> Response:
+        if heartbeat.draining:
+            raise frontend.draining_error()
         if body.model != frontend.model_name:
             raise InvalidRequest(f"this worker serves {frontend.model_name!r}", param="model", code="model_not_found")
         ids = frontend.tokenize(prompt)

@@ -152,6 +152,18 @@ class ImportKVResponse(_message.Message):
     imported_tokens: int
     def __init__(self, tokens: _Optional[int] = ..., imported_tokens: _Optional[int] = ...) -> None: ...
 
+class WorkerDrainRequest(_message.Message):
+    __slots__ = ("drain",)
+    DRAIN_FIELD_NUMBER: _ClassVar[int]
+    drain: bool
+    def __init__(self, drain: _Optional[bool] = ...) -> None: ...
+
+class WorkerDrainResponse(_message.Message):
+    __slots__ = ("requeued",)
+    REQUEUED_FIELD_NUMBER: _ClassVar[int]
+    requeued: int
+    def __init__(self, requeued: _Optional[int] = ...) -> None: ...
+
 class WorkerStatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

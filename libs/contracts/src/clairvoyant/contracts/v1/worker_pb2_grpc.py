@@ -65,6 +65,11 @@ class WorkerStub:
                 request_serializer=clairvoyant_dot_v1_dot_worker__pb2.WorkerStatsRequest.SerializeToString,
                 response_deserializer=clairvoyant_dot_v1_dot_worker__pb2.WorkerStats.FromString,
                 _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/clairvoyant.v1.Worker/Drain',
+                request_serializer=clairvoyant_dot_v1_dot_worker__pb2.WorkerDrainRequest.SerializeToString,
+                response_deserializer=clairvoyant_dot_v1_dot_worker__pb2.WorkerDrainResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -114,6 +119,16 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Drain(self, request, context):
+        """Stops taking work (an autoscaler drains the replica before releasing it): new Generate calls
+        are refused UNAVAILABLE, and every request still waiting in the engine queue that has sent no
+        message yet is handed back, its Generate call ending UNAVAILABLE so that the gateway re-places
+        it.  Requests that have started finish here.  `drain = false` takes work again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -146,6 +161,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=clairvoyant_dot_v1_dot_worker__pb2.WorkerStatsRequest.FromString,
                     response_serializer=clairvoyant_dot_v1_dot_worker__pb2.WorkerStats.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=clairvoyant_dot_v1_dot_worker__pb2.WorkerDrainRequest.FromString,
+                    response_serializer=clairvoyant_dot_v1_dot_worker__pb2.WorkerDrainResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -311,6 +331,33 @@ class Worker:
             '/clairvoyant.v1.Worker/Stats',
             clairvoyant_dot_v1_dot_worker__pb2.WorkerStatsRequest.SerializeToString,
             clairvoyant_dot_v1_dot_worker__pb2.WorkerStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/clairvoyant.v1.Worker/Drain',
+            clairvoyant_dot_v1_dot_worker__pb2.WorkerDrainRequest.SerializeToString,
+            clairvoyant_dot_v1_dot_worker__pb2.WorkerDrainResponse.FromString,
             options,
             channel_credentials,
             insecure,

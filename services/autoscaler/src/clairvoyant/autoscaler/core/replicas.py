@@ -32,6 +32,7 @@ class WorkerSeen(NamedTuple):
     kv_utilization: float
     draining: bool
     max_batch: int
+    address: str = ""  # its Worker gRPC endpoint (host:port); "" when the scheduler has none
 
 
 @dataclass

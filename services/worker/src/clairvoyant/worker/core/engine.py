@@ -151,6 +151,18 @@ class LLMEngine:
         self._aborted.append(self._output(seq, [], "", True))
         return True
 
+    def withdraw_unstarted(self) -> list[str]:
+        """Remove every waiting request that has produced no token yet (never admitted, or preempted
+        before its first token) and return their ids, in queue order.  They hold no blocks and
+        get no final output: the caller tells their owners (a draining worker hands them back to
+        be placed elsewhere).  A preempted request that already produced tokens stays."""
+        withdrawn = [seq for seq in self.scheduler.waiting if seq.num_output_tokens == 0]
+        for seq in withdrawn:
+            del self._seqs[seq.request_id]
+            self.scheduler.remove(seq)
+            seq.finish_reason = "abort"
+        return [seq.request_id for seq in withdrawn]
+
     def has_unfinished(self) -> bool:
         return bool(self._seqs or self._aborted)
 
