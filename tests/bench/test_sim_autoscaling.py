@@ -1,5 +1,6 @@
 """Autoscaling in the simulator: cold starts, the GPU budget, drains and releases, GPU-seconds,
-no lost call when a model scales to zero and back, and a fan-out provisioned ahead of time.
+no lost call when a model scales to zero and back, a fan-out provisioned ahead of time, and the
+calls still waiting in a drained replica's engine placed again elsewhere.
 
 Unit-time replicas (one step = 1 s) and small policies of the tests' own drive the autoscaler, so
 the times below can be checked by hand; the registered ``pythia`` runs the fan-out case."""
@@ -34,6 +35,7 @@ from clairvoyant.policy.scaling import (
     serving_counts,
 )
 from clairvoyant.worker.core.engine import EngineConfig
+from clairvoyant.worker.runners.emulated import EmulatedRunner
 from clairvoyant.workloads.program import Call, NewSegment, WorkflowProgram
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(300)]
@@ -187,6 +189,128 @@ def test_a_draining_replica_gets_no_new_placement_and_a_released_one_was_idle() 
     last_end = max(c.end_time for c in on_it if c.end_time is not None)
     assert last_end <= release_tick.time < last_end + scaler.interval_s
     assert all(w.end_time is not None for w in records.workflows)
+
+
+class DrainChecked(DrainAt):
+    """``DrainAt`` that runs ``check`` at every tick, before the tick's actions."""
+
+    def __init__(self, replica_id: str, at: float) -> None:
+        super().__init__(replica_id, at)
+        self.check: Callable[[float], None] = lambda now: None
+
+    def tick(self, state: ScalingInput, now: float) -> ScalingDecision:
+        self.check(now)
+        return super().tick(state, now)
+
+
+def _check_integrity(sim: Simulator) -> None:
+    sim.scheduler.check_integrity()
+    for replica in sim.replicas.values():
+        replica.engine.check_integrity()
+
+
+# An engine-queueing preset: fcfs with session affinity, placements up to 8 x a replica's batch.
+ENGINE_QUEUEING = "vllm-prodstack"
+
+
+def _queued_at_drain(hand_back: bool) -> tuple[RunRecords, SimAutoscaler, Simulator, list[int]]:
+    """p-0 (one seat) and p-1 (four seats); four 20-token calls at t=0 alternate between them
+    (fewest placements, then the smaller id): p-0 runs a and holds c waiting, p-1 runs b and d.
+    p-0 is drained at t=5.  Returns the run and the tokens each replica generated."""
+    sim = Simulator([_replica(PLANNER, "p-0", seats=1), _replica(PLANNER, "p-1", seats=4)], ENGINE_QUEUEING)
+    engines = {rid: replica.engine for rid, replica in sim.replicas.items()}  # p-0's leaves the run
+    policy = DrainChecked("p-0", 5.0)
+    policy.check = lambda now: _check_integrity(sim)
+    scaler = SimAutoscaler(
+        sim, policy, {PLANNER: _profile(PLANNER)}, 2, lambda model, rid: _replica(model, rid),
+        hand_back=hand_back,
+    )  # fmt: skip
+    records = sim.run([(0.0, single(wf)) for wf in "abcd"])
+    scaler.finish(sim.events.now)
+    _check_integrity(sim)
+    return records, scaler, sim, [engines[rid].stats().generated_tokens_total for rid in ("p-0", "p-1")]
+
+
+def test_a_drained_replicas_waiting_calls_are_placed_again_on_another_replica() -> None:
+    records, scaler, sim, generated = _queued_at_drain(hand_back=True)
+    by_id = {c.call_id: c for c in records.calls}
+    # c never started on p-0: at the drain it went back to the global queue, p-1 took it at once,
+    # and it joined p-1's batch at its next step (t=6).  Its record names the final placement.
+    c = by_id["c/0"]
+    assert (c.worker_id, c.dispatch_time, c.start_time, c.end_time) == ("p-1", 5.0, 6.0, 26.0)
+    assert c.queue_s == 6.0  # its wait counts from when it became ready
+    assert [(by_id[i].worker_id, by_id[i].end_time) for i in ("a/0", "b/0", "d/0")] == [
+        ("p-0", 20.0), ("p-1", 20.0), ("p-1", 20.0),
+    ]  # fmt: skip
+    assert scaler.log.replaced_calls == scaler.log.summary()["replaced_calls"] == 1
+    # p-0 is released at the first tick after a, its one running call, ended: two GPUs until
+    # t=20, one until the run's end at 26.
+    release = next(t.time for t in scaler.log.ticks if "p-0" in t.actions.release)
+    assert release == 20.0 and "p-0" not in sim.replicas
+    assert scaler.log.gpu_seconds == 2 * 20 + 1 * 6
+    # No call lost or served twice: four served, each once, on one replica.
+    assert len(records.calls) == 4 and all(not r.rejected and r.generated_tokens == 20 for r in records.calls)
+    assert all(w.end_time is not None for w in records.workflows)
+    assert generated == [20, 60]
+    traffic = sim.scheduler.traffic()[PLANNER]
+    assert (traffic.requests_total, traffic.completed_total, traffic.output_tokens_total) == (5, 4, 80)
+
+
+def test_without_handing_back_the_drained_replica_serves_its_queue_and_leaves_later() -> None:
+    records, scaler, _, generated = _queued_at_drain(hand_back=False)
+    c = next(r for r in records.calls if r.call_id == "c/0")
+    assert (c.worker_id, c.dispatch_time, c.start_time, c.end_time) == ("p-0", 0.0, 20.0, 40.0)
+    # p-0 serves c after a, and is still draining when the run ends with c at t=40.
+    assert not any(t.actions.release for t in scaler.log.ticks) and scaler.log.replaced_calls == 0
+    assert replicas_at(scaler.log.replicas[PLANNER], 39.0) == (1, 2)
+    assert scaler.log.gpu_seconds == 2 * 40
+    assert generated == [40, 40]
+    placed_again, _, _, _ = _queued_at_drain(hand_back=True)
+    assert max(w.jct_s for w in placed_again.workflows) < max(w.jct_s for w in records.workflows)
+
+
+def _drained_mid_decode_run(fast_forward: bool) -> tuple[str, SimAutoscaler, list[str]]:
+    """Emulated 8B replicas (one seat on w-0, four on w-1) run a and b, 2,000 tokens each, from
+    t=0; c is ready at t=5, placed on w-0 (fewest placements, equal KV, the smaller id) and waits
+    there; the tick at t=5 drains w-0.  Returns the records as JSON, the autoscaler, and what
+    the drain tick saw on w-0."""
+    model = "llama-3.1-8b"
+
+    def replica(worker_id: str, seats: int = 4) -> ReplicaSpec:
+        runner = EmulatedRunner(model, "H100-80G", sleep=lambda _: None, distinct_tokens=True)
+        config = EngineConfig(block_size=16, num_blocks=4096, max_num_seqs=seats)
+        return ReplicaSpec(worker_id, runner, config)
+
+    sim = Simulator([replica("w-0", 1), replica("w-1")], ENGINE_QUEUEING, fast_forward=fast_forward)
+    policy = DrainChecked("w-0", 5.0)
+    seen: list[str] = []
+
+    def check(now: float) -> None:
+        _check_integrity(sim)
+        if now == 5.0:
+            held = sim.replicas["w-0"]
+            waiting = [seq.request_id for seq in held.engine.scheduler.waiting]
+            seen.append(f"mid-run={held.run is not None} waiting={waiting}")
+
+    policy.check = check
+    scaler = SimAutoscaler(sim, policy, {model: _profile(model)}, 2, lambda m, rid: replica(rid))
+    arrivals = [(0.0, single("a", model, 2000)), (0.0, single("b", model, 2000)), (5.0, single("c", model, 50))]
+    records = sim.run(arrivals)
+    scaler.finish(sim.events.now)
+    _check_integrity(sim)
+    return json.dumps([vars(c) for c in records.calls], sort_keys=True), scaler, seen
+
+
+def test_a_call_handed_back_mid_decode_run_gives_the_step_by_step_results() -> None:
+    fast, scaler, seen = _drained_mid_decode_run(fast_forward=True)
+    stepped, _, seen_stepped = _drained_mid_decode_run(fast_forward=False)
+    assert seen == ["mid-run=True waiting=['c/0']"] and seen_stepped == ["mid-run=False waiting=['c/0']"]
+    assert fast == stepped
+    calls = {call["call_id"]: call for call in json.loads(fast)}
+    c, a = calls["c/0"], calls["a/0"]
+    assert (c["worker_id"], c["dispatch_time"], c["generated_tokens"]) == ("w-1", 5.0, 50)
+    assert c["end_time"] < a["end_time"]  # it joined w-1's batch instead of waiting for a on w-0
+    assert a["worker_id"] == "w-0" and scaler.log.replaced_calls == 1
 
 
 def test_static_scaling_reproduces_the_fixed_cluster_run_exactly() -> None:

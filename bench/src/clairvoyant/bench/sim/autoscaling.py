@@ -2,13 +2,15 @@
 
     every interval_s:  replicas + scheduler ──ScalingInput──> policy.tick ──plan_actions──>
         start   a replica is provisioned; it joins the scheduler once its cold start (startup_s) is over
-        drain   scheduler.drain: no new placements, the calls it holds finish
+        drain   scheduler.drain: no new placements; the calls it runs finish, and those still
+                waiting in its engine are placed again elsewhere (Simulator.hand_back_waiting)
         release a draining replica that is idle (or one still starting) leaves: remove_worker
 
 The GPUs of starting, ready and draining replicas count against the budget, which
 ``plan_actions`` keeps to.  Deterministic: ticks come after every event due at their time
 (``Simulator.attach``), and nothing here reads a clock or draws a random number.  ``ScalingLog``
-is what a run records: GPU-seconds held, replicas per model over time, scale-ups, drains, releases.
+is what a run records: GPU-seconds held, replicas per model over time, scale-ups, drains, releases
+and the calls re-placed off drained replicas.
 """
 
 from __future__ import annotations
@@ -98,6 +100,7 @@ class ScalingLog:
     drains: int = 0
     releases: int = 0
     clamped_ticks: int = 0  # ticks whose scale-up the budget held back
+    replaced_calls: int = 0  # calls waiting in a drained replica's engine, placed again elsewhere
     # model -> [[time, ready replicas, all replicas (starting, ready, draining)], ...] on change
     replicas: dict[str, list[list[float]]] = field(default_factory=dict)
     ticks: list[TickRecord] = field(default_factory=list)
@@ -110,6 +113,7 @@ class ScalingLog:
             "drains": self.drains,
             "releases": self.releases,
             "clamped_ticks": self.clamped_ticks,
+            "replaced_calls": self.replaced_calls,
             "replica_series": self.replicas,
         }
 
@@ -121,7 +125,8 @@ class SimAutoscaler:
     simulator's replicas at construction are the initial ones, ready at time 0; every model in
     ``profiles`` stays schedulable with no replica (its calls wait in the global queue).
     ``agent_models``: (workflow type, agent) -> model as known beforehand (the workload's spec);
-    what the scheduler has seen since overrides it.
+    what the scheduler has seen since overrides it.  ``hand_back``: a drained replica's calls
+    that have not started are placed again elsewhere at once (off: they wait for it).
     """
 
     def __init__(
@@ -134,6 +139,7 @@ class SimAutoscaler:
         *,
         interval_s: float = DEFAULT_INTERVAL_S,
         agent_models: Mapping[tuple[str, str], str] | None = None,
+        hand_back: bool = True,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be positive, got {interval_s}")
@@ -145,6 +151,7 @@ class SimAutoscaler:
         self.new_replica = new_replica
         self.interval_s = interval_s
         self.seeded_agent_models = dict(agent_models or {})
+        self.hand_back = hand_back
         self.log = ScalingLog()
         self._held: dict[str, _Held] = {}
         self._numbered: dict[str, int] = {}  # model -> replicas named so far
@@ -177,6 +184,9 @@ class SimAutoscaler:
         actions = plan_actions(self.policy.tick(state, now), state)
         for replica_id in actions.drain:
             self._drain(replica_id, now)
+        if self.hand_back:  # after every drain: no call is handed to a replica drained next
+            joined = [rid for rid in actions.drain if self._held[rid].joined]
+            self.log.replaced_calls += len(self.simulator.hand_back_waiting(joined))
         for replica_id in actions.release:
             self._release(replica_id, now)
         for model, count in sorted(actions.start.items()):

@@ -6,7 +6,8 @@ are delivered when the step's predicted time has elapsed.  With ``fast_forward``
 next steps are plain decodes of an unchanging batch (``LLMEngine.plan_decode_run``) takes the whole
 run in one event; ``cut`` ends such a run with the step in flight (where a new call would join the
 batch step by step), and ``boundary_reports`` gives the KV usage the replica would have reported at
-its last step boundary, so the results equal the step-by-step ones.
+its last step boundary, so the results equal the step-by-step ones.  ``abort_waiting`` takes calls
+that never started out of a replica's engine queue once its step in flight is delivered.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class Replica:
         self.busy = False
         self.run: DecodeRunInFlight | None = None
         self.imports: list[KvPrefix] = []  # arrived during a run: cached once its step in flight commits
+        self.aborts: list[str] = []  # waiting calls to abort once the step in flight is delivered
 
     def report(self, kv_blocks_used: int | None = None) -> WorkerReport:
         stats = self.engine.stats()
@@ -129,6 +131,17 @@ class ReplicaStepper:
             self.cut(replica, now)
             replica.imports.append(prefix)
 
+    def abort_waiting(self, replica: Replica, request_ids: list[str]) -> None:
+        """Abort calls WAITING in ``replica``'s engine (in no batch) as soon as its step in flight
+        is delivered, or now when none is.  Waiting at the step's delivery, as they would have been
+        step by step, so a decode run commits unchanged (``advance_decode`` refuses a batch with an
+        abort pending) and the replica's reports and stats count them until then.  Their outputs
+        (finish reason "abort") come with the next step."""
+        replica.aborts += request_ids
+        if not replica.busy:
+            self._abort_pending(replica)
+            self.wake(replica)
+
     def boundary_reports(self, now: float) -> Iterator[WorkerReport]:
         """For each replica mid-run, the report it would have sent at its last step boundary
         before ``now``, if the scheduler has not seen that one yet."""
@@ -173,6 +186,13 @@ class ReplicaStepper:
         self._delivered(replica, outputs)
 
     def _delivered(self, replica: Replica, outputs: list[RequestOutput]) -> None:
+        self._abort_pending(replica)
         self._step_done(replica, outputs)
         replica.busy = False
         self.wake(replica)
+
+    @staticmethod
+    def _abort_pending(replica: Replica) -> None:
+        for request_id in replica.aborts:
+            replica.engine.abort_request(request_id)
+        replica.aborts.clear()

@@ -12,8 +12,9 @@ without ``fast_forward``.  docs/benchmarks.md ("How the simulator runs") tells t
 
 from __future__ import annotations
 
+import dataclasses
 import gc
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import NamedTuple, Protocol
 
@@ -34,6 +35,8 @@ from clairvoyant.scheduler.core import Decision, GlobalScheduler, QueuedRequest
 from clairvoyant.worker.core.engine import EngineRequest, RequestOutput
 from clairvoyant.worker.core.kv_transfer import KvPrefix
 from clairvoyant.worker.core.sampling import SamplingParams
+from clairvoyant.worker.core.sequence import Sequence as EngineSequence
+from clairvoyant.worker.core.sequence import SequenceStatus
 from clairvoyant.worker.core.types import Lineage
 from clairvoyant.workloads.program import Call, WorkflowProgram
 
@@ -257,6 +260,43 @@ class Simulator:
         self._dispatch()
         return replica
 
+    def hand_back_waiting(self, worker_ids: Iterable[str]) -> list[str]:
+        """The calls these (drained) replicas hold that have not started go back to the global
+        queue and are placed again now; returns their ids.
+
+        Not started: WAITING in the replica's engine and never admitted to a batch (a preempted
+        call keeps its place: it has run).  Each one is aborted in that engine (``abort_waiting``),
+        its placement released unserved, and submitted again as the same call: same id and
+        annotations, queued since it became ready, excluding the replica that handed it back.  A
+        live worker that drains ends such a call with UNAVAILABLE and the gateway places it again
+        in the same way.  Its record's worker and dispatch time become those of the new placement.
+        Only for a model the scheduler expects (``expect_models``, as the autoscaler sets): its
+        calls may always wait in the global queue for a replica."""
+        now = self.events.now
+        expected = self.scheduler.expected_models()
+        handed: list[str] = []
+        for worker_id in worker_ids:
+            replica = self.replicas[worker_id]
+            if replica.model not in expected:
+                continue
+            unstarted = {seq.request_id for seq in replica.engine.scheduler.waiting if _never_started(seq)}
+            requests = [r for r in self.scheduler.placed_requests(worker_id) if r.request_id in unstarted]
+            if not requests:
+                continue
+            self._stepper.abort_waiting(replica, [r.request_id for r in requests])
+            for request in requests:
+                self.scheduler.complete(request.request_id)  # no ``now``: abandoned, no service counted
+                record = self._calls[request.request_id]
+                record.worker_id, record.dispatch_time = "", None
+                del self._outputs[request.request_id]
+                again = dataclasses.replace(request, exclude_workers=request.exclude_workers | {worker_id})
+                self.scheduler.submit(again, now)
+                handed.append(request.request_id)
+        if handed:
+            self._submitted = True
+            self._dispatch()
+        return handed
+
     def remove_replica(self, worker_id: str) -> None:
         """An idle replica leaves now (the scheduler removes its worker).  Raises ValueError when
         it still holds a call: a replica is released only once drained."""
@@ -366,9 +406,13 @@ class Simulator:
         self._release_dependents(self._progress.programs[record.workflow_id], record, now)  # no output: no tool
 
     def _step_done(self, replica: Replica, outputs: list[RequestOutput]) -> None:
+        if self.replicas.get(replica.worker_id) is not replica:
+            return  # it left the run with only handed-back calls' aborts in flight: nothing to tell
         now = self.events.now
         finished: list[RequestOutput] = []
         for out in outputs:
+            if out.finish_reason == "abort":
+                continue  # handed back (``hand_back_waiting``): the call goes on elsewhere
             record = self._calls[out.request_id]
             self._outputs[out.request_id] += out.new_token_ids
             if out.new_token_ids and record.first_token_time is None:
@@ -408,3 +452,14 @@ class Simulator:
             self.events.at(end + self._think_time_s, Phase.READY, lambda: self._arrive(following))
         self.prompts.forget([c.call_id for c in program.calls])
         self.scheduler.end_workflow(TENANT, program.workflow_id)
+
+
+def _never_started(seq: EngineSequence) -> bool:
+    """Waiting for its first admission: no token computed, none generated, never preempted."""
+    return (
+        seq.status is SequenceStatus.WAITING
+        and seq.cached_tokens is None
+        and seq.num_computed_tokens == 0
+        and seq.num_output_tokens == 0
+        and seq.num_preemptions == 0
+    )
