@@ -14,11 +14,11 @@ import pytest
 from clairvoyant.autoscaler.actuators import LocalActuator
 from clairvoyant.autoscaler.core import ProfileDefaults
 from clairvoyant.autoscaler.scaler import Scaler, ScalerOptions
-from clairvoyant.contracts.v1 import scheduler_pb2_grpc
+from clairvoyant.contracts.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2, worker_pb2_grpc
 from clairvoyant.core.clock import ManualClock
 from clairvoyant.core.grpcutil import channel
 from clairvoyant.policy.pythia_scaling import PythiaScaling
-from clairvoyant.policy.scaling import ReplicaPhase
+from clairvoyant.policy.scaling import ReplicaPhase, ScalingDecision, ScalingInput
 from clairvoyant.scheduler.app import SchedulerApp
 from clairvoyant.scheduler.config import SchedulerSettings
 from clairvoyant.stack.natsserver import free_port
@@ -124,3 +124,51 @@ async def test_a_registered_replica_is_ready_and_drained_before_it_is_released(n
             await scaler.close()
             await actuator.close()
 
+
+
+class DrainEverything:
+    """A scaling policy that wants no replica of any model (drives a drain on demand)."""
+
+    def tick(self, state: ScalingInput, now: float) -> ScalingDecision:
+        return ScalingDecision(targets={model: 0 for model in state.models})
+
+
+async def test_a_drained_replica_is_told_to_drain_and_released_once_its_placement_completes(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """The loop drains a replica that still holds a placement: the scheduler excludes it, the
+    worker itself reports draining (Worker.Drain), and it is released only after the placement ends."""
+    actuator = LocalActuator(var_dir=tmp_path, environment={"CV_NATS_URL": nats_url, "CV_RUNNER": "emulated",
+                                                            "CV_METRICS_PORT": "0", "CV_TORCH_THREADS": "1"})  # fmt: skip
+    async with scheduler(nats_url) as (app, stub):
+        scaler = Scaler(PythiaScaling(), actuator, stub, None, ManualClock(),
+                        options(profile_overrides={MODEL: {"min_replicas": 1}}))  # fmt: skip
+        try:
+            await scaler.tick()
+            await scaler.settle()
+            (replica_id,) = (await actuator.running()).keys()
+            deadline = time.monotonic() + 60
+            while not any(w.worker_id == replica_id for w in app.core.workers()):
+                assert time.monotonic() < deadline, "the started worker never registered"
+                await asyncio.sleep(0.2)
+            placement = await stub.Schedule(
+                scheduler_pb2.ScheduleRequest(request_id="held-1", tenant="t", model=MODEL, prompt_tokens=8,
+                                              max_tokens=8, owner="test"), timeout=10)  # fmt: skip
+            assert placement.worker_id == replica_id
+            scaler.policy = DrainEverything()
+            await scaler.tick()
+            await scaler.settle()
+            view = next(w for w in app.core.workers() if w.worker_id == replica_id)
+            assert view.draining
+            stats = await worker_pb2_grpc.WorkerStub(channel(placement.worker_address)).Stats(
+                worker_pb2.WorkerStatsRequest(), timeout=5
+            )
+            assert stats.draining  # the worker itself was told
+            assert replica_id in await actuator.running()  # it still holds a placement
+            await stub.Complete(scheduler_pb2.CompleteRequest(request_id="held-1", worker_id=replica_id), timeout=5)
+            await scaler.tick()
+            await scaler.settle()
+            assert await actuator.running() == {}
+        finally:
+            await scaler.close()
+            await actuator.close()

@@ -72,7 +72,7 @@ class Soak:
         self.stack = stack
         self.args = args
         # Faults run on this executor's thread, which must outlive the run: a service restarted
-        # from a thread gets SIGTERM when that thread ends (``clairvoyant.stack.launcher._die_with_parent``).
+        # from a thread gets SIGTERM when that thread ends (``clairvoyant.core.processes.die_with_parent``).
         self.injector = injector
         self.outcomes: list[RequestFate] = []
         self.faults: list[float] = []  # when each fault was injected, seconds since the start

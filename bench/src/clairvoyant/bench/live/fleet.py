@@ -26,6 +26,7 @@ import grpc
 import httpx
 
 from clairvoyant.contracts.v1 import scheduler_pb2, scheduler_pb2_grpc
+from clairvoyant.core.processes import die_with_parent
 from clairvoyant.stack.natsserver import NatsServer, free_port
 
 
@@ -34,13 +35,6 @@ class WorkerSpec:
     worker_id: str
     model: str
     env: Mapping[str, str]  # CV_* settings beyond ports, id, model and NATS
-
-
-def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 class Fleet:
@@ -114,7 +108,7 @@ class Fleet:
         full.pop("CV_ADVERTISE_HOST", None)
         log = (self.var_dir / f"{name}.log").open("ab")
         process = subprocess.Popen(
-            [sys.executable, "-m", module], env=full, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+            [sys.executable, "-m", module], env=full, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
         )
         self._children[name] = (process, log)
 

@@ -35,8 +35,8 @@ from clairvoyant.contracts.v1 import scheduler_pb2, scheduler_pb2_grpc
 from clairvoyant.core.config import ServiceSettings
 from clairvoyant.core.grpcutil import GrpcTls, sync_channel
 from clairvoyant.core.logs import mask_url, setup_logging
+from clairvoyant.core.processes import die_with_parent
 from clairvoyant.stack.natsserver import NatsServer, can_bind, free_port, free_ports, port_open
-from clairvoyant.stack.processes import die_with_parent
 
 logger = logging.getLogger("clairvoyant.stack")
 

@@ -12,6 +12,7 @@ import asyncio
 import signal
 
 from clairvoyant.core.logs import setup_logging
+from clairvoyant.core.processes import follow_parent
 from clairvoyant.core.telemetry import setup_tracing
 from clairvoyant.worker.app import RUNNERS, WorkerApp
 from clairvoyant.worker.config import WorkerSettings
@@ -31,6 +32,7 @@ async def serve(settings: WorkerSettings) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    follow_parent()  # started by the autoscaler's local actuator: stop when it dies
     parser = argparse.ArgumentParser(prog="python -m clairvoyant.worker", description=__doc__)
     parser.add_argument("--runner", choices=RUNNERS.names(), help="model runner (default torch)")
     parser.add_argument(

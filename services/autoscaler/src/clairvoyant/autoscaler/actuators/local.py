@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clairvoyant.autoscaler.actuators.base import ACTUATORS, ActuatorError, model_slug
+from clairvoyant.core.processes import PARENT_PID_ENV
 
 logger = logging.getLogger(__name__)
 
@@ -54,10 +55,8 @@ class LocalActuator:
         # Installed beside the worker for local runs (the `local` extra); the autoscaler's image
         # has neither, so a misconfigured actuator fails here, at start-up.
         from clairvoyant.stack.natsserver import free_ports
-        from clairvoyant.stack.processes import die_with_parent
 
         self._free_ports = free_ports
-        self._die_with_parent = die_with_parent
         self.environment = dict(environment or {})
         self.model_environment = {model: dict(env) for model, env in (model_environment or {}).items()}
         self.log_dir = var_dir / "logs"
@@ -88,6 +87,7 @@ class LocalActuator:
             "CV_HOST": self.environment.get("CV_HOST", self.host),
             "CV_WORKER_GRPC_PORT": str(grpc_port),
             "CV_WORKER_HTTP_PORT": str(http_port),
+            PARENT_PID_ENV: str(os.getpid()),  # the worker stops when this process dies
         }
         log_path = self.log_dir / f"{worker_id}.log"
         try:
@@ -96,7 +96,9 @@ class LocalActuator:
                 process = await asyncio.create_subprocess_exec(
                     sys.executable, "-m", "clairvoyant.worker",
                     env=env, stdout=log, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
-                    preexec_fn=self._die_with_parent,
+                    # No preexec_fn and no fd closing, so Python uses posix_spawn: gRPC's fork
+                    # handlers never run in the child (a forked child once hung in them under load).
+                    close_fds=False,
                 )
         except OSError as exc:
             raise ActuatorError(f"cannot start worker {worker_id} ({model}): {exc}") from exc
