@@ -268,17 +268,32 @@ async def test_kubernetes_release_marks_that_pod_then_scales_down(api_server: Re
     name = f"{DEPLOYMENT}-7d9f8-abcde"
     api_server.routes[("GET", f"{PODS_PATH}/{name}")] = (200, pod(name))
     api_server.routes[("PATCH", f"{PODS_PATH}/{name}")] = (200, pod(name))
+    api_server.routes[("DELETE", f"{PODS_PATH}/{name}")] = (200, pod(name, deleting=True))
     actuator = kubernetes_actuator(api_server.url)
 
     await actuator.release(name, MODEL)
     assert api_server.calls() == [("GET", f"{PODS_PATH}/{name}"), ("PATCH", f"{PODS_PATH}/{name}"),
-                                  ("GET", SCALE_PATH), ("PATCH", SCALE_PATH)]
+                                  ("GET", SCALE_PATH), ("PATCH", SCALE_PATH), ("DELETE", f"{PODS_PATH}/{name}")]
     annotate, scale = api_server.requests[1], api_server.requests[3]
     assert annotate.body == {"metadata": {"annotations": {"controller.kubernetes.io/pod-deletion-cost": "-1000"}}}
     assert scale.body == {"spec": {"replicas": 2}}
 
     await actuator.release(name, MODEL)  # again: it must not remove a second pod
-    assert len(api_server.requests) == 4
+    assert len(api_server.requests) == 5
+
+
+@pytest.mark.integration
+async def test_kubernetes_release_is_done_when_the_replicaset_removed_the_pod_first(api_server: RecordingServer) -> None:
+    """Scaling down made the ReplicaSet delete the marked pod before our own delete: a 404 there
+    is the release done, not an error."""
+    serve_scale(api_server, 2)
+    api_server.routes[("GET", f"{PODS_PATH}/p")] = (200, pod("p"))
+    api_server.routes[("PATCH", f"{PODS_PATH}/p")] = (200, pod("p"))
+    api_server.routes[("DELETE", f"{PODS_PATH}/p")] = (404, {"kind": "Status", "message": "pods \"p\" not found"})
+    await kubernetes_actuator(api_server.url).release("p", MODEL)
+    assert api_server.calls()[-1] == ("DELETE", f"{PODS_PATH}/p")
+    assert [r.body for r in api_server.requests if r.path == SCALE_PATH and r.method == "PATCH"] == [
+        {"spec": {"replicas": 1}}]
 
 
 @pytest.mark.integration
@@ -286,6 +301,7 @@ async def test_kubernetes_concurrent_releases_of_one_pod_scale_down_once(api_ser
     serve_scale(api_server, 3)
     api_server.routes[("GET", f"{PODS_PATH}/p")] = (200, pod("p"))
     api_server.routes[("PATCH", f"{PODS_PATH}/p")] = (200, pod("p"))
+    api_server.routes[("DELETE", f"{PODS_PATH}/p")] = (200, pod("p", deleting=True))
     actuator = kubernetes_actuator(api_server.url)
     await asyncio.gather(*(actuator.release("p", MODEL) for _ in range(3)))
     assert [r.body for r in api_server.requests if r.path == SCALE_PATH and r.method == "PATCH"] == [
@@ -302,8 +318,11 @@ async def test_kubernetes_release_that_failed_is_done_by_the_retry(api_server: R
         await actuator.release("p", MODEL)
     assert ("PATCH", SCALE_PATH) not in api_server.calls()
     api_server.routes[("PATCH", f"{PODS_PATH}/p")] = (200, pod("p"))
+    api_server.routes[("DELETE", f"{PODS_PATH}/p")] = (200, pod("p", deleting=True))
     await actuator.release("p", MODEL)
-    assert api_server.requests[-1].body == {"spec": {"replicas": 2}}
+    assert [r.body for r in api_server.requests if r.path == SCALE_PATH and r.method == "PATCH"] == [
+        {"spec": {"replicas": 2}}]
+    assert api_server.calls()[-1] == ("DELETE", f"{PODS_PATH}/p")
 
 
 @pytest.mark.integration

@@ -194,6 +194,7 @@ async def test_the_role_grants_exactly_what_the_actuator_sends() -> None:
     server.routes.update({
         ("GET", scale_path): (200, scale), ("PATCH", scale_path): (200, scale),
         ("GET", f"{pods_path}/{pod_name}"): (200, pod), ("PATCH", f"{pods_path}/{pod_name}"): (200, pod),
+        ("DELETE", f"{pods_path}/{pod_name}"): (200, pod),
         ("GET", pods_path): (200, {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [pod]}),
     })
     try:
@@ -206,5 +207,5 @@ async def test_the_role_grants_exactly_what_the_actuator_sends() -> None:
         server.close()
     assert {permission(r) for r in server.requests} == granted() == {
         ("apps", "deployments/scale", "get"), ("apps", "deployments/scale", "patch"),
-        ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "patch"),
+        ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "patch"), ("", "pods", "delete"),
     }

@@ -39,11 +39,11 @@ class KubernetesActuator:
 
     ``provision`` adds one replica (read the scale, patch it +1) and returns a ``pending:`` id:
     the pod is named by its ReplicaSet.  ``release`` of a pod marks it with a pod-deletion-cost
-    of -1000, then patches the scale -1, so that the ReplicaSet removes exactly that pod (the
-    autoscaler drained it first).  Caveat: a ReplicaSet removes unscheduled, pending and
-    not-ready pods before it compares deletion costs, so a release while another replica of the
-    model is still starting may remove the starting one; the drained pod then stays and shows in
-    ``running``.  ``close`` leaves the pods to the cluster.
+    of -1000, patches the scale -1, then deletes that pod (the autoscaler drained it first).  The
+    cost alone is not enough: a ReplicaSet removes unscheduled, pending and not-ready pods before
+    it compares deletion costs, so while another replica of the model is starting it would remove
+    that one.  Deleting the drained pod as well ends with the right pods either way: had the
+    ReplicaSet picked another, it replaces it.  ``close`` leaves the pods to the cluster.
 
     Scale changes of this actuator are serialized (read, then patch); the autoscaler is the
     Deployments' only writer of ``replicas`` (no HorizontalPodAutoscaler on them).  ``api_client``
@@ -105,6 +105,8 @@ class KubernetesActuator:
             await self._call(f"mark pod {replica_id} for removal", self._core.patch_namespaced_pod,
                              replica_id, self.namespace, body)
         replicas = await self._scale_by(model, -1)
+        if not is_pending(replica_id):
+            await self._call(f"delete pod {replica_id}", self._delete_pod, replica_id)
         logger.info("scaled %s down to %d replicas, removing %s", self.deployment_name(model), replicas, replica_id)
         return True
 
@@ -164,6 +166,14 @@ class KubernetesActuator:
             if exc.status == 404:
                 return None
             raise
+
+    def _delete_pod(self, name: str) -> None:
+        """Delete the pod ``name``; one already gone is fine."""
+        try:
+            self._core.delete_namespaced_pod(name, self.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
 
     async def _call(self, what: str, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``call(*args, **kwargs)`` in a thread; a failed request becomes ActuatorError."""
