@@ -41,6 +41,18 @@ async def scheduler(nats_url: str) -> AsyncIterator[tuple[SchedulerApp, schedule
         await app.stop()
 
 
+async def start_one_registered(scaler: Scaler, actuator: LocalActuator, app: SchedulerApp) -> str:
+    """A tick starts the one replica the floor asks for; its id, once its worker has registered."""
+    await scaler.tick()
+    await scaler.settle()
+    (replica_id,) = (await actuator.running()).keys()
+    deadline = time.monotonic() + 60
+    while not any(w.worker_id == replica_id for w in app.core.workers()):
+        assert time.monotonic() < deadline, "the started worker never registered"
+        await asyncio.sleep(0.2)
+    return replica_id
+
+
 def options(**overrides: object) -> ScalerOptions:
     base = ScalerOptions(gpu_budget=2, interval_s=0.1, configured_models=[MODEL], retries=0,
                          defaults=ProfileDefaults(startup_s=1.0), rpc_timeout_s=1.0)  # fmt: skip
@@ -103,13 +115,7 @@ async def test_a_registered_replica_is_ready_and_drained_before_it_is_released(n
         scaler = Scaler(PythiaScaling(), actuator, stub, None, clock,
                         options(profile_overrides={MODEL: {"min_replicas": 1}}))  # fmt: skip
         try:
-            await scaler.tick()
-            await scaler.settle()
-            (replica_id,) = (await actuator.running()).keys()
-            deadline = time.monotonic() + 60
-            while not any(w.worker_id == replica_id for w in app.core.workers()):
-                assert time.monotonic() < deadline, "the started worker never registered"
-                await asyncio.sleep(0.2)
+            replica_id = await start_one_registered(scaler, actuator, app)
             await scaler.tick()
             assert [(r.replica_id, r.phase) for r in scaler.book.owned()] == [(replica_id, ReplicaPhase.READY)]
             # No demand and no floor: it drains (routing exclusion first), then, idle, is released.
@@ -144,13 +150,7 @@ async def test_a_drained_replica_is_told_to_drain_and_released_once_its_placemen
         scaler = Scaler(PythiaScaling(), actuator, stub, None, ManualClock(),
                         options(profile_overrides={MODEL: {"min_replicas": 1}}))  # fmt: skip
         try:
-            await scaler.tick()
-            await scaler.settle()
-            (replica_id,) = (await actuator.running()).keys()
-            deadline = time.monotonic() + 60
-            while not any(w.worker_id == replica_id for w in app.core.workers()):
-                assert time.monotonic() < deadline, "the started worker never registered"
-                await asyncio.sleep(0.2)
+            replica_id = await start_one_registered(scaler, actuator, app)
             placement = await stub.Schedule(
                 scheduler_pb2.ScheduleRequest(request_id="held-1", tenant="t", model=MODEL, prompt_tokens=8,
                                               max_tokens=8, owner="test"), timeout=10)  # fmt: skip

@@ -27,21 +27,7 @@ def cluster_view(
         )
         for w in snapshot.workers
     )
-    calls = tuple(
-        ActiveCall(
-            request_id=c.request_id,
-            model=c.model,
-            queued=c.queued,
-            workflow_type_id=c.app_metadata.workflow_type_id if c.HasField("app_metadata") else None,
-            workflow_id=c.app_metadata.workflow_id if c.HasField("app_metadata") else None,
-            agent_id=c.app_metadata.agent_id if c.HasField("app_metadata") else None,
-            tenant=c.tenant,
-            wait_s=c.wait_s,
-            annotations=annotations_from_proto(c.annotations) if c.HasField("annotations") else None,
-            workflow_end=c.HasField("app_metadata") and c.app_metadata.workflow_end,
-        )
-        for c in active.calls
-    )
+    calls = tuple(_active_call(c) for c in active.calls)
     return ClusterView(
         workers=workers,
         queued={q.model: q.depth for q in snapshot.queues},
@@ -53,6 +39,22 @@ def cluster_view(
             )
             for t in active.traffic
         },
+    )
+
+
+def _active_call(call: scheduler_pb2.ActiveCall) -> ActiveCall:
+    meta = call.app_metadata if call.HasField("app_metadata") else None
+    return ActiveCall(
+        request_id=call.request_id,
+        model=call.model,
+        queued=call.queued,
+        workflow_type_id=meta.workflow_type_id if meta is not None else None,
+        workflow_id=meta.workflow_id if meta is not None else None,
+        agent_id=meta.agent_id if meta is not None else None,
+        tenant=call.tenant,
+        wait_s=call.wait_s,
+        annotations=annotations_from_proto(call.annotations) if call.HasField("annotations") else None,
+        workflow_end=meta is not None and meta.workflow_end,
     )
 
 

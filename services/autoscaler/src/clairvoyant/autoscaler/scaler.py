@@ -39,6 +39,7 @@ from clairvoyant.autoscaler.core import (
     model_profiles,
     scaling_input,
 )
+from clairvoyant.autoscaler.core.replicas import is_pending, pending_id
 from clairvoyant.contracts.v1 import (
     autoscaler_pb2,
     scheduler_pb2,
@@ -144,10 +145,10 @@ class Scaler:
         await self._expect(sorted(state.models))
         decision = self.policy.tick(state, now)
         actions = plan_actions(decision, state)
-        for model, count in actions.clamped.items():
-            logger.warning(
-                "%s: %d replica(s) beyond the GPU budget of %d wait", model, count, state.gpu_budget
-            )
+        if actions.clamped != self._clamped:  # logged when it changes, not every tick
+            for model, count in actions.clamped.items():
+                logger.warning("%s: %d replica(s) beyond the GPU budget of %d wait", model, count, state.gpu_budget)
+            self._clamped = actions.clamped
         for replica_id in actions.drain:
             await self._drain(replica_id, decision)
         for replica_id in actions.release:
@@ -158,7 +159,7 @@ class Scaler:
                 # Booked now, before the platform answers, so the next tick counts its GPUs and does
                 # not start it twice; a worker of the model that registers meanwhile is this replica.
                 self._launches += 1
-                launching = f"pending:{model}:launch-{self._launches}"
+                launching = pending_id(model, f"launch-{self._launches}")
                 self.book.provisioned(launching, model, profile.gpus_per_replica, now)
                 self._background.spawn(self._start(model, launching, decision.reasons.get(model, "")))
         self.last = TickResult(state, decision, time.time())
@@ -182,7 +183,7 @@ class Scaler:
         if replica is None:
             logger.info("not draining %s: this autoscaler did not start it", replica_id)
             return
-        if not replica_id.startswith("pending:"):
+        if not is_pending(replica_id):
             try:
                 await self.scheduler.Drain(
                     scheduler_pb2.DrainRequest(worker_id=replica_id, drain=True),
@@ -270,7 +271,7 @@ class Scaler:
             self.options.startup_allowance_s,
         )
         self._publish("failed", replica_id, replica.model, "not ready within the start-up allowance")
-        if not replica_id.startswith("pending:"):
+        if not is_pending(replica_id):
             with contextlib.suppress(grpc.aio.AioRpcError):
                 await self.scheduler.Drain(
                     scheduler_pb2.DrainRequest(worker_id=replica_id, drain=True),

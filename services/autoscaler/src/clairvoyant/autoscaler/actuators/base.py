@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 from typing import Protocol
 
+from clairvoyant.autoscaler.core.replicas import is_pending as is_pending
+from clairvoyant.autoscaler.core.replicas import pending_id as pending_id
 from clairvoyant.core.registry import Registry
-
-PENDING_PREFIX = "pending:"
 
 
 class ActuatorError(Exception):
@@ -61,13 +61,6 @@ class Actuator(Protocol):
 # name -> factory(**options); the service picks one by its configured name.
 ACTUATORS: Registry[Actuator] = Registry("actuator")
 
-
-def pending_id(model: str, n: int) -> str:
-    return f"{PENDING_PREFIX}{model}:{n}"
-
-
-def is_pending(replica_id: str) -> bool:
-    return replica_id.startswith(PENDING_PREFIX)
 
 
 def model_slug(model: str) -> str:

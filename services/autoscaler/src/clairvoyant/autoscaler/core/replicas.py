@@ -21,6 +21,15 @@ from clairvoyant.policy.scaling import ReplicaPhase, ReplicaState
 PENDING_PREFIX = "pending:"
 
 
+def pending_id(model: str, n: int | str) -> str:
+    """A replica not named yet: by the platform, or (``launch-<n>``) while it is being started."""
+    return f"{PENDING_PREFIX}{model}:{n}"
+
+
+def is_pending(replica_id: str) -> bool:
+    return replica_id.startswith(PENDING_PREFIX)
+
+
 class WorkerSeen(NamedTuple):
     """One worker in the scheduler's snapshot, as the autoscaler reads it."""
 
@@ -115,7 +124,7 @@ class ReplicaBook:
     def _adopt_pending(self, worker: WorkerSeen) -> OwnedReplica | None:
         """A new worker of a model with a pending replica is that replica: it takes the worker id."""
         pending = [
-            r for r in self.owned() if r.model == worker.model and r.replica_id.startswith(PENDING_PREFIX)
+            r for r in self.owned() if r.model == worker.model and is_pending(r.replica_id)
         ]
         if not pending:
             return None

@@ -161,8 +161,9 @@ class GlobalScheduler(SchedulerInspection):
 
         With ``now`` the call counts as served: its program's entry in the process table learns
         its service, ``service_s`` (the model execution time) or, when the caller cannot measure
-        it, now - dispatch time, and its model's traffic counters its ``output_tokens``.  Without ``now`` (an abandoned or re-submitted placement) the
-        call leaves its program's active calls and adds nothing.
+        it, now - dispatch time, and its model's traffic counters its ``output_tokens``.  Without
+        ``now`` (an abandoned or re-submitted placement) the call leaves its program's active calls
+        and adds nothing.
         """
         held = self._placements.release(request_id, worker_id)
         if held is None:

@@ -40,6 +40,7 @@ class HeldCall(NamedTuple):
             tenant=self.request.tenant,
             wait_s=self.wait_s,
             annotations=self.request.annotations,
+            workflow_end=bool(meta is not None and meta.workflow_end),
         )
 
 
