@@ -31,11 +31,16 @@ def chain_hashes(token_ids: Sequence[int], previous: int = 0, block_tokens: int 
     hashes: list[int] = []
     full = len(token_ids) - len(token_ids) % block_tokens
     for start in range(0, full, block_tokens):
-        digest = hashlib.blake2b(previous.to_bytes(8, "little"), digest_size=8)
-        digest.update(array("I", token_ids[start : start + block_tokens]).tobytes())
-        previous = int.from_bytes(digest.digest(), "little")
+        previous = next_hash(previous, token_ids[start : start + block_tokens])
         hashes.append(previous)
     return hashes
+
+
+def next_hash(previous: int, block: Sequence[int]) -> int:
+    """The hash of one full block whose predecessor's hash is ``previous`` (0 for the first)."""
+    digest = hashlib.blake2b(previous.to_bytes(8, "little"), digest_size=8)
+    digest.update(array("I", block).tobytes())
+    return int.from_bytes(digest.digest(), "little")
 
 
 def sequence_hashes(

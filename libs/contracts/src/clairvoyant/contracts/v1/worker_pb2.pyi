@@ -1,6 +1,7 @@
 from clairvoyant.contracts.v1 import common_pb2 as _common_pb2
 from clairvoyant.contracts.v1 import cachemgr_pb2 as _cachemgr_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -169,14 +170,60 @@ class WorkerStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TierUsage(_message.Message):
-    __slots__ = ("tier", "blocks_used", "blocks_total")
+    __slots__ = ("tier", "blocks_used", "blocks_total", "hit_tokens")
     TIER_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_USED_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     tier: _cachemgr_pb2.CacheTier
     blocks_used: int
     blocks_total: int
-    def __init__(self, tier: _Optional[_Union[_cachemgr_pb2.CacheTier, str]] = ..., blocks_used: _Optional[int] = ..., blocks_total: _Optional[int] = ...) -> None: ...
+    hit_tokens: int
+    def __init__(self, tier: _Optional[_Union[_cachemgr_pb2.CacheTier, str]] = ..., blocks_used: _Optional[int] = ..., blocks_total: _Optional[int] = ..., hit_tokens: _Optional[int] = ...) -> None: ...
+
+class KvEvent(_message.Message):
+    __slots__ = ("kind", "tier", "tenant", "block_hashes", "parent_hash", "lineage", "response")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KIND_UNSPECIFIED: _ClassVar[KvEvent.Kind]
+        STORED: _ClassVar[KvEvent.Kind]
+        REMOVED: _ClassVar[KvEvent.Kind]
+        CLEARED: _ClassVar[KvEvent.Kind]
+    KIND_UNSPECIFIED: KvEvent.Kind
+    STORED: KvEvent.Kind
+    REMOVED: KvEvent.Kind
+    CLEARED: KvEvent.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    PARENT_HASH_FIELD_NUMBER: _ClassVar[int]
+    LINEAGE_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    kind: KvEvent.Kind
+    tier: _cachemgr_pb2.CacheTier
+    tenant: str
+    block_hashes: _containers.RepeatedScalarFieldContainer[int]
+    parent_hash: int
+    lineage: _cachemgr_pb2.LineageSelector
+    response: bool
+    def __init__(self, kind: _Optional[_Union[KvEvent.Kind, str]] = ..., tier: _Optional[_Union[_cachemgr_pb2.CacheTier, str]] = ..., tenant: _Optional[str] = ..., block_hashes: _Optional[_Iterable[int]] = ..., parent_hash: _Optional[int] = ..., lineage: _Optional[_Union[_cachemgr_pb2.LineageSelector, _Mapping]] = ..., response: _Optional[bool] = ...) -> None: ...
+
+class KvEventBatch(_message.Message):
+    __slots__ = ("worker_id", "model", "block_size", "sequence", "timestamp", "events")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    model: str
+    block_size: int
+    sequence: int
+    timestamp: float
+    events: _containers.RepeatedCompositeFieldContainer[KvEvent]
+    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., sequence: _Optional[int] = ..., timestamp: _Optional[float] = ..., events: _Optional[_Iterable[_Union[KvEvent, _Mapping]]] = ...) -> None: ...
 
 class WorkerStats(_message.Message):
     __slots__ = ("worker_id", "model", "grpc_address", "http_address", "running", "queued", "max_batch", "kv_blocks_used", "kv_blocks_total", "kv_blocks_cached", "block_size", "max_model_len", "preemptions_total", "heartbeat_interval_s", "timestamp", "draining", "tiers", "held")

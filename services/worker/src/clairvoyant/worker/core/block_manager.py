@@ -15,12 +15,13 @@ Decode runs (core/decode_run.py) replay many steps' blocks at once through ``tak
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from collections.abc import Sequence as Tokens
 from typing import NamedTuple
 
-from clairvoyant.worker.core.radix_cache import BlockTag, HeldInsert, Namespace, RadixCache
+from clairvoyant.worker.core.radix_cache import BlockTag, HeldInsert, Namespace, RadixCache, RadixNode
 from clairvoyant.worker.core.sequence import Sequence
+from clairvoyant.worker.core.types import KvEvent, Tier
 
 
 class PrefixReservation(NamedTuple):
@@ -38,14 +39,35 @@ class PrefixReservation(NamedTuple):
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_cache: bool = True) -> None:
+    """One tier's block pool: the device pool (L1) of an engine, or its host pool (L2,
+    ``core/tiers.py``), which holds no sequences and is filled through ``reserve_prefix``.
+
+    ``evict_hook`` sees each cached node just before eviction unlinks it, and ``flush_hook`` runs
+    once eviction is done and before the freed blocks are handed out (the tiers demote the evicted
+    blocks there, while their data is still intact).
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_cache: bool = True,
+        *,
+        hashing: bool = False,
+        events: list[KvEvent] | None = None,
+        tier: Tier = 1,
+    ) -> None:
         assert num_blocks > 0 and block_size > 0
         self.num_blocks = num_blocks
         self.block_size = block_size
         self._ref_counts = [0] * num_blocks
         self._free: deque[int] = deque(range(num_blocks))
-        self.cache: RadixCache | None = RadixCache(block_size) if enable_prefix_cache else None
+        self.cache: RadixCache | None = (
+            RadixCache(block_size, hashing=hashing, events=events, tier=tier) if enable_prefix_cache else None
+        )
         self._num_cached_only = 0  # blocks whose only reference is the cache's
+        self.evict_hook: Callable[[RadixNode], None] | None = None
+        self.flush_hook: Callable[[], None] | None = None
 
     # ---- queries -------------------------------------------------------------------------------
     @property
@@ -116,11 +138,13 @@ class BlockManager:
         shortfall = count - len(free)
         if shortfall > 0:
             assert self.cache is not None
-            evicted = self.cache.evict(shortfall, refs)
+            evicted = self.cache.evict(shortfall, refs, self.evict_hook)
             assert len(evicted) == shortfall, "cached-only blocks must all be evictable"
             self._num_cached_only -= shortfall
             taken = [*free, *evicted]  # the whole free list, then what eviction freed
             free.clear()
+            if self.flush_hook is not None:
+                self.flush_hook()
         else:
             taken = [free.popleft() for _ in range(count)]
         for b in taken:  # free or just evicted, so not cached: one reference, the caller's
@@ -234,18 +258,19 @@ class BlockManager:
         whole = tuple(token_ids[: num_blocks * self.block_size])
         return PrefixReservation(namespace, whole, tuple(cached), tuple(self._take(missing)))
 
-    def commit_prefix(self, reservation: PrefixReservation, tag: BlockTag) -> None:
-        """Cache the reservation's fresh blocks (their K/V written by now) and let go of it."""
+    def commit_prefix(self, reservation: PrefixReservation, tag: BlockTag | Tokens[BlockTag]) -> None:
+        """Cache the reservation's fresh blocks (their K/V written by now) and let go of it.
+        ``tag``: one for every fresh block, or one per fresh block."""
         cache = self.cache
         assert cache is not None
         if reservation.new:
             first = len(reservation.cached)
             bs = self.block_size
             parent = reservation.cached[-1] if reservation.cached else None
+            tags = [tag] * len(reservation.new) if isinstance(tag, BlockTag) else list(tag)
             canonical = cache.insert(
-                reservation.namespace, parent, reservation.token_ids[first * bs :], reservation.new,
-                [tag] * len(reservation.new),
-            )  # fmt: skip
+                reservation.namespace, parent, reservation.token_ids[first * bs :], reservation.new, tags
+            )
             assert canonical == list(reservation.new), "the prefix was cached meanwhile"
             for b in reservation.new:
                 self._ref_counts[b] += 1  # the cache's reference
@@ -254,6 +279,31 @@ class BlockManager:
     def release_prefix(self, reservation: PrefixReservation) -> None:
         """Drop the reservation's references; fresh blocks nobody cached go back to the free list."""
         self._decref_all(reversed(reservation.block_table))
+
+    # ---- holders other than sequences (core/tiers.py: retention, transfers in flight) ----------
+    def pin(self, blocks: Iterable[int]) -> None:
+        """Add a reference to each of ``blocks`` (cached or held): eviction skips them until ``unpin``."""
+        for b in blocks:
+            assert self._ref_counts[b] > 0, f"block {b} is free"
+            self._incref(b)
+
+    def unpin(self, blocks: Iterable[int]) -> None:
+        self._decref_all(blocks)
+
+    def drop(self, blocks: Iterable[int]) -> list[int]:
+        """Remove cached ``blocks`` and what is cached below them from the cache, as far as only the
+        cache holds them (``RadixCache.drop``); the removed blocks go back to the free list."""
+        if self.cache is None:
+            return []
+        removed = self.cache.drop(blocks, self._ref_counts)
+        for b in removed:
+            self._ref_counts[b] = 0
+            self._free.append(b)
+        self._num_cached_only -= len(removed)
+        return removed
+
+    def ref_count(self, b: int) -> int:
+        return self._ref_counts[b]
 
     # ---- reference counts ----------------------------------------------------------------------
     def _incref(self, b: int) -> None:
@@ -278,9 +328,10 @@ class BlockManager:
     def _decref(self, b: int) -> None:
         self._decref_all((b,))
 
-    def check_integrity(self, seqs: Iterable[Sequence]) -> None:
-        """Reference counts equal the references held by ``seqs`` and the cache; nothing leaks."""
-        expected: Counter[int] = Counter()
+    def check_integrity(self, seqs: Iterable[Sequence], pins: Iterable[int] = ()) -> None:
+        """Reference counts equal the references held by ``seqs``, ``pins`` (one per occurrence)
+        and the cache; nothing leaks."""
+        expected: Counter[int] = Counter(pins)
         for seq in seqs:
             assert len(set(seq.block_table)) == len(seq.block_table), f"duplicate block in {seq}"
             assert len(seq.block_table) * self.block_size >= seq.num_computed_tokens, seq

@@ -1,5 +1,11 @@
 """LLMEngine: a synchronous, step-based engine.  ``step()`` = schedule -> ``runner.forward`` -> post-process.
 
+With ``EngineConfig.tiers`` giving an L2 host pool (and optionally an L3 store), the engine keeps
+KV in tiers (``core/tiers.py``): each step starts by applying finished transfers, admission loads
+L2 hits into L1, evicted blocks go down to L2, and cached blocks go out to L3 as the write policy
+says.  ``apply_directive`` takes the cache manager's directives, and ``drain_kv_events`` hands
+out what changed in each tier (when built with ``kv_events``).
+
 Not thread-safe: ``add_request``, ``abort_request``, ``step``, ``stats`` and ``check_integrity`` must
 all be called from one thread (the adapter's engine loop).
 """
@@ -7,9 +13,10 @@ all be called from one thread (the adapter's engine loop).
 from __future__ import annotations
 
 import hashlib
+import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence as Tokens
+from dataclasses import dataclass, field
 from typing import cast
 
 from clairvoyant.core.context_window import check_context_window
@@ -22,12 +29,15 @@ from clairvoyant.worker.core.decode_run import (
 )
 from clairvoyant.worker.core.detokenize import IncrementalDetokenizer, NoText
 from clairvoyant.worker.core.sampling import SamplingParams, make_generator, sample
+from clairvoyant.worker.core.l3 import L3Store
 from clairvoyant.worker.core.scheduler import Scheduler, SchedulerOutput
 from clairvoyant.worker.core.sequence import Sequence, SequenceStatus
+from clairvoyant.worker.core.tiers import Directive, DirectiveError, Executor, KvTiers, TierConfig
 from clairvoyant.worker.core.types import (
     EngineRequest,
     EngineStats,
     FinishReason,
+    KvEvent,
     Lineage,
     RequestOutput,
 )
@@ -54,6 +64,7 @@ class EngineConfig:
     enable_prefix_cache: bool = True
     aging_rate: float = 0.0  # effective priority = base priority + aging_rate * seconds waited
     seed: int = 0  # seeds requests without their own seed (with the request id)
+    tiers: TierConfig = field(default_factory=TierConfig)  # L2 and L3 (none by default)
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens"):
@@ -78,15 +89,39 @@ def _in_vocabulary(token_ids: list[int], vocab_size: int) -> bool:
 
 class LLMEngine:
     def __init__(
-        self, runner: ModelRunner, config: EngineConfig, clock: Callable[[], float] = time.monotonic
+        self,
+        runner: ModelRunner,
+        config: EngineConfig,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        l3: L3Store | None = None,
+        executor: Executor | None = None,
+        kv_events: bool = False,
     ) -> None:
+        """``l3``: the shared store (needs an L2, ``config.tiers.num_host_blocks``); ``executor``
+        runs L3 calls (default: inline, for the simulator and tests; the worker passes a thread);
+        ``kv_events``: record ``KvEvent``s for ``drain_kv_events``."""
         self.runner = runner
         self.config = config
         self.clock = clock
-        self.kv = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_cache)
+        self.kv_events: list[KvEvent] | None = [] if kv_events else None
+        self.kv = BlockManager(
+            config.num_blocks, config.block_size, config.enable_prefix_cache,
+            hashing=kv_events or l3 is not None, events=self.kv_events, tier=1,
+        )  # fmt: skip
         self.scheduler = Scheduler(
             self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.aging_rate
         )
+        if l3 is not None and not config.tiers.num_host_blocks:
+            raise ValueError("an L3 store needs an L2 host pool: set the host cache size")
+        runner.allocate_kv(config.num_blocks, config.block_size)
+        self.tiers: KvTiers | None = None
+        if config.tiers.num_host_blocks:
+            self.tiers = KvTiers(
+                self.kv, runner, config.tiers, model=runner.info.name, l3=l3, executor=executor, events=self.kv_events
+            )
+            self.scheduler.tiers = self.tiers
+        self._next_background = 0
         self.last_schedule = SchedulerOutput()  # diagnostics of the latest step
         self._seqs: dict[str, Sequence] = {}  # live requests (waiting or running)
         self._aborted: list[RequestOutput] = []  # final outputs to deliver on the next step
@@ -95,7 +130,6 @@ class LLMEngine:
         self._computed_prompt_tokens_total = 0
         self._cached_prompt_tokens_total = 0
         self._generated_tokens_total = 0
-        runner.allocate_kv(config.num_blocks, config.block_size)
         self._fast_forward = isinstance(runner, FastForwardRunner)  # once: a Protocol check is slow
 
     # ---- requests ------------------------------------------------------------------------------
@@ -140,6 +174,8 @@ class LLMEngine:
         self._prompt_tokens_total += prompt_len
         self.scheduler.follow_preset(req.scheduler_preset)
         self.scheduler.add(seq)
+        if self.tiers is not None:
+            self.tiers.on_arrival(seq, seq.arrival_time)
 
     def abort_request(self, request_id: str) -> bool:
         """Release the request's blocks now; its final output (reason "abort") comes on the next step."""
@@ -148,8 +184,65 @@ class LLMEngine:
             return False
         self.scheduler.remove(seq)
         seq.finish_reason = "abort"
-        self._aborted.append(self._output(seq, [], "", True))
+        if self.tiers is not None:
+            self.tiers.forget(seq)
+        if not seq.background:
+            self._aborted.append(self._output(seq, [], "", True))
         return True
+
+    # ---- the background lane and directives ----------------------------------------------------
+    def pre_prefill(self, namespace: str | None, token_ids: Tokens[int], lineage: Lineage | None = None) -> str:
+        """Queue the computation of ``token_ids``' K/V in the background lane (only in steps with
+        nothing else to run; paused whenever live work can run).  Its whole blocks join the prefix
+        cache.  Returns its id (``abort_request`` cancels it); it produces no output."""
+        tokens = list(token_ids)
+        if len(tokens) < self.config.block_size + 1:
+            raise DirectiveError(f"pre-prefill needs more than one block ({self.config.block_size} tokens)")
+        info = self.runner.info
+        if len(tokens) > info.max_model_len or -(-len(tokens) // self.config.block_size) > self.config.num_blocks:
+            raise DirectiveError(f"pre-prefill of {len(tokens)} tokens does not fit this worker")
+        if not _in_vocabulary(tokens, info.vocab_size):
+            raise DirectiveError("pre-prefill token ids outside the vocabulary")
+        if lineage is None and namespace is not None:
+            lineage = Lineage(namespace)
+        elif lineage is not None and lineage.tenant != namespace:
+            raise DirectiveError("the lineage's tenant must be the directive's")
+        self._next_background += 1
+        request = EngineRequest(
+            f"pre-prefill-{self._next_background}", tokens, SamplingParams(max_tokens=1), priority=-math.inf,
+            lineage=lineage, detokenize=False,
+        )  # fmt: skip
+        seq = Sequence(self._next_seq_id, request, self.clock(), None, NoText(), ())
+        seq.background = True
+        self._next_seq_id += 1
+        self._seqs[request.request_id] = seq
+        self.scheduler.add(seq)
+        return request.request_id
+
+    def apply_directive(self, directive: Directive) -> int:
+        """Apply one cache directive; blocks (or pages) it touched.  Raises ``DirectiveError``,
+        changing nothing, for one this engine cannot take."""
+        if directive.kind == "pre_prefill":
+            if not directive.token_ids:
+                raise DirectiveError("pre_prefill needs token_ids")
+            lineage = Lineage(directive.namespace or "", directive.workflow_id, directive.agent_id)
+            self.pre_prefill(directive.namespace, directive.token_ids, lineage if directive.namespace else None)
+            return len(directive.token_ids) // self.config.block_size
+        if self.tiers is None:
+            raise DirectiveError("this worker has no KV tiers (its host cache size is 0)")
+        return self.tiers.apply(directive, self.clock())
+
+    def drain_kv_events(self) -> list[KvEvent]:
+        """The KV events since the last call, in order ([] when built without ``kv_events``)."""
+        events = self.kv_events
+        if not events:
+            return []
+        drained = list(events)
+        events.clear()
+        return drained
+
+    def has_pending_transfers(self) -> bool:
+        return self.tiers is not None and self.tiers.has_pending()
 
     def withdraw_unstarted(self) -> list[str]:
         """Remove every waiting request that has produced no token yet (never admitted, or preempted
@@ -170,6 +263,9 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         outputs, self._aborted = self._aborted, []
         now = self.clock()
+        tiers = self.tiers
+        if tiers is not None:
+            tiers.poll(now)
         batch = self.scheduler.schedule(now)
         self.last_schedule = batch
         self._cached_prompt_tokens_total += batch.cached_tokens
@@ -179,7 +275,7 @@ class LLMEngine:
         samplers: list[Sequence] = []
         for seq, n in batch.chunks:
             start = seq.num_computed_tokens
-            want_logits = start + n == seq.num_tokens
+            want_logits = start + n == seq.num_tokens and not seq.background
             items.append(ForwardItem(seq.seq_id, seq.token_ids[start : start + n], start, seq.block_table, want_logits))
             if want_logits:
                 samplers.append(seq)
@@ -199,6 +295,11 @@ class LLMEngine:
             if seq.is_finished:
                 continue
             self.kv.cache_computed_blocks(seq)
+            if seq.background and seq.num_uncomputed_tokens == 0:  # a pre-prefill is done
+                del self._seqs[seq.request_id]
+                self.scheduler.remove(seq)
+        if tiers is not None:
+            tiers.after_step(seq for seq, _ in batch.chunks)
         return outputs
 
     # ---- decode runs (core/decode_run.py) ------------------------------------------------------
@@ -329,7 +430,25 @@ class LLMEngine:
             cached_prompt_tokens_total=self._cached_prompt_tokens_total,
             generated_tokens_total=self._generated_tokens_total,
             max_num_seqs=self.config.max_num_seqs,
+            **self._tier_stats(),
         )
+
+    def _tier_stats(self) -> dict[str, object]:
+        tiers = self.tiers
+        if tiers is None:
+            return {"hit_tokens": (self._cached_prompt_tokens_total, 0, 0)}
+        c = tiers.counters
+        return {
+            "l2_blocks_used": tiers.l2.num_used_blocks,
+            "l2_blocks_total": tiers.l2.num_blocks,
+            "hit_tokens": (c.hit_tokens[1], c.hit_tokens[2], c.hit_tokens[3]),
+            "l3_backend": tiers.l3.name if tiers.l3 is not None else "",
+            "demoted_blocks_total": c.demoted_blocks,
+            "promoted_blocks_total": c.promoted_blocks,
+            "l3_written_blocks_total": c.l3_written_blocks,
+            "l3_fetched_blocks_total": c.l3_fetched_blocks,
+            "l3_errors_total": c.l3_errors,
+        }
 
     def check_integrity(self) -> None:
         """Assert the block accounting and queue invariants (tests call it after every operation)."""
@@ -341,4 +460,7 @@ class LLMEngine:
         assert live == set(self._seqs) and len(live) == len(running) + len(waiting)
         for seq in running:
             assert seq.num_uncomputed_tokens >= 1, seq
-        self.kv.check_integrity([*running, *waiting])
+        tiers = self.tiers
+        self.kv.check_integrity([*running, *waiting], tiers.retained_blocks(1) if tiers is not None else ())
+        if tiers is not None:
+            tiers.check_integrity()

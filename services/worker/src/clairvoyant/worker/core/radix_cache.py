@@ -25,11 +25,12 @@ the blocks a full LRU scan would, without scanning (how: docs/architecture.md, "
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from clairvoyant.worker.core.types import Lineage
+from clairvoyant.core.blockhash import next_hash
+from clairvoyant.worker.core.types import KvEvent, Lineage, Tier
 
 BlockSource = Literal["prompt", "response"]
 _ID_BITS = 32  # block ids are below 2**32
@@ -51,7 +52,7 @@ HeldInsert = tuple[Namespace, int | None, tuple[int, ...], int, BlockTag]
 
 
 class RadixNode:
-    __slots__ = ("block_id", "children", "key", "last_access", "parent", "tag")
+    __slots__ = ("block_hash", "block_id", "children", "key", "last_access", "parent", "tag")
 
     def __init__(self, key: tuple[int, ...], block_id: int, parent: RadixNode | None, tag: BlockTag | None):
         self.key = key
@@ -60,17 +61,134 @@ class RadixNode:
         self.children: dict[tuple[int, ...], RadixNode] = {}
         self.tag = tag
         self.last_access = 0
+        self.block_hash = 0  # the chained hash of the path (``hashing`` caches only; 0 at a root)
+
+    def path(self) -> list[RadixNode]:
+        """The nodes from the namespace root's first child down to this one."""
+        nodes: list[RadixNode] = []
+        node: RadixNode | None = self
+        while node is not None and node.block_id >= 0:
+            nodes.append(node)
+            node = node.parent
+        nodes.reverse()
+        return nodes
+
+    def namespace_root(self) -> RadixNode:
+        node = self
+        while node.parent is not None:
+            node = node.parent
+        return node
 
 
 class RadixCache:
-    """A block-granular radix tree per namespace.  Pure bookkeeping: never touches reference counts."""
+    """A block-granular radix tree per namespace.  Pure bookkeeping: never touches reference counts.
 
-    def __init__(self, block_size: int) -> None:
+    With ``hashing``, every node also carries the chained hash of its path
+    (``clairvoyant.core.blockhash``: the same chain completion records and L3 keys use), nodes can
+    be found by it, and with ``events`` each insertion and removal is appended there as a
+    ``KvEvent`` of ``tier`` (the worker publishes them; the simulator turns both off).
+    """
+
+    def __init__(
+        self, block_size: int, *, hashing: bool = False, events: list[KvEvent] | None = None, tier: Tier = 1
+    ) -> None:
         self.block_size = block_size
         self._roots: dict[Namespace, RadixNode] = {}
         self._node_of_block: dict[int, RadixNode] = {}
         self._clock = 0  # logical LRU clock: deterministic, independent of wall time
         self._lru: list[int] = []  # lazy heap of last_access << 32 | block_id: eviction candidates
+        self.hashing = hashing or events is not None
+        self.events = events
+        self.tier: Tier = tier
+        self._node_of_hash: dict[tuple[Namespace, int], RadixNode] = {}
+        self._roots_ns: dict[int, Namespace] = {}  # id(root) -> its namespace (events name it)
+
+    def _root(self, namespace: Namespace) -> RadixNode:
+        root = self._roots.get(namespace)
+        if root is None:
+            root = self._roots[namespace] = RadixNode((), -1, None, None)
+            self._roots_ns[id(root)] = namespace
+        return root
+
+    def namespace_of(self, node: RadixNode) -> Namespace:
+        return self._roots_ns[id(node.namespace_root())]
+
+    def _added(self, namespace: Namespace, nodes: Sequence[RadixNode]) -> None:
+        """Hash freshly linked ``nodes`` (consecutive, each the parent of the next) and report them."""
+        if not self.hashing or not nodes:
+            return
+        parent = nodes[0].parent
+        assert parent is not None
+        previous = parent.block_hash
+        index = self._node_of_hash
+        for node in nodes:
+            previous = node.block_hash = next_hash(previous, node.key)
+            index[(namespace, previous)] = node
+        if self.events is not None:
+            self.events.append(KvEvent(
+                "stored", self.tier, namespace, tuple(n.block_hash for n in nodes),
+                parent.block_hash if parent.block_id >= 0 else None, nodes[0].tag,
+            ))  # fmt: skip
+
+    def _removed(self, nodes: Sequence[RadixNode]) -> None:
+        """Report unlinked ``nodes`` (``namespace_of`` must still resolve: call before unlinking
+        the last of a namespace, or pass nodes whose parent chain is intact)."""
+        if not self.hashing or not nodes:
+            return
+        by_namespace: dict[Namespace, list[int]] = {}
+        for node in nodes:
+            namespace = self.namespace_of(node)
+            self._node_of_hash.pop((namespace, node.block_hash), None)
+            by_namespace.setdefault(namespace, []).append(node.block_hash)
+        if self.events is not None:
+            for namespace, hashes in by_namespace.items():
+                self.events.append(KvEvent("removed", self.tier, namespace, tuple(hashes), None, None))
+
+    def node_of_hash(self, namespace: Namespace, block_hash: int) -> RadixNode | None:
+        """The cached node whose path hashes to ``block_hash`` in ``namespace`` (``hashing`` only)."""
+        return self._node_of_hash.get((namespace, block_hash))
+
+    def node_of(self, block_id: int) -> RadixNode | None:
+        return self._node_of_block.get(block_id)
+
+    def nodes(self, namespace: Namespace) -> Iterator[RadixNode]:
+        """Every cached node of ``namespace``, parents before their children."""
+        root = self._roots.get(namespace)
+        stack = list(root.children.values()) if root is not None else []
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def namespaces(self) -> list[Namespace]:
+        return list(self._roots)
+
+    def drop(self, block_ids: Iterable[int], ref_counts: Sequence[int]) -> list[int]:
+        """Remove the cached ``block_ids`` with everything cached below them, as far as only the
+        cache holds those blocks (``ref_counts`` 1); a subtree with a held block keeps that block
+        and its ancestors.  Returns the removed ids, children before parents."""
+        nodes = self._node_of_block
+        removed: list[RadixNode] = []
+
+        def remove_below(node: RadixNode) -> bool:  # True when ``node`` itself went
+            for child in list(node.children.values()):
+                remove_below(child)
+            if node.children or ref_counts[node.block_id] != 1:
+                return False
+            removed.append(node)
+            return True
+
+        for block_id in block_ids:
+            node = nodes.get(block_id)
+            if node is not None:
+                remove_below(node)
+        self._removed(removed)
+        for node in removed:
+            parent = node.parent
+            assert parent is not None
+            del parent.children[node.key]
+            del nodes[node.block_id]
+        return [node.block_id for node in removed]
 
     def __len__(self) -> int:
         return len(self._node_of_block)
@@ -123,13 +241,11 @@ class RadixCache:
         already there (the caller should switch to it and drop its duplicate).
         """
         assert len(token_ids) == len(block_ids) * self.block_size == len(tags) * self.block_size
-        if parent_block is None:
-            node = self._roots.setdefault(namespace, RadixNode((), -1, None, None))
-        else:
-            node = self._node_of_block[parent_block]
+        node = self._root(namespace) if parent_block is None else self._node_of_block[parent_block]
         self._clock += 1
         clock, bs, nodes = self._clock, self.block_size, self._node_of_block
         canonical: list[int] = []
+        added: list[RadixNode] = []  # new nodes are consecutive: once one is new, all below it are
         for i, (block_id, tag) in enumerate(zip(block_ids, tags, strict=True)):
             key = tuple(token_ids[i * bs : (i + 1) * bs])
             children = node.children
@@ -137,11 +253,13 @@ class RadixCache:
             if child is None:
                 assert block_id not in nodes, f"block {block_id} cached twice"
                 child = children[key] = nodes[block_id] = RadixNode(key, block_id, node, tag)
+                added.append(child)
             child.last_access = clock  # every node but the last gets a child: only it may be a leaf
             canonical.append(child.block_id)
             node = child
         if block_ids:
             self._access(node)
+        self._added(namespace, added)
         return canonical
 
     def has_child(self, namespace: Namespace, parent_block: int | None, key: tuple[int, ...]) -> bool:
@@ -161,19 +279,19 @@ class RadixCache:
         share parent and key).  No heap entry is pushed: a held block is not evictable, and the
         sequence's ``release`` pushes one when it lets go.
         """
-        roots, nodes = self._roots, self._node_of_block
+        nodes = self._node_of_block
         clock = self._clock
+        hashing = self.hashing
         for namespace, parent_block, key, block_id, tag in inserts:
-            if parent_block is None:
-                parent = roots.setdefault(namespace, RadixNode((), -1, None, None))
-            else:
-                parent = nodes[parent_block]
+            parent = self._root(namespace) if parent_block is None else nodes[parent_block]
             assert not parent.children or key not in parent.children, "insert_held needs new content"
             child = RadixNode(key, block_id, parent, tag)
             clock += 1
             child.last_access = clock
             parent.children[key] = child
             nodes[block_id] = child
+            if hashing:
+                self._added(namespace, (child,))
         self._clock = clock
 
     def release(self, block_ids: Sequence[int], ref_counts: list[int]) -> int:
@@ -217,9 +335,12 @@ class RadixCache:
                     heapq.heappush(heap, node.last_access << _ID_BITS | block_id)
         return cached
 
-    def evict(self, num_blocks: int, ref_counts: Sequence[int]) -> list[int]:
+    def evict(
+        self, num_blocks: int, ref_counts: Sequence[int], on_evict: Callable[[RadixNode], None] | None = None
+    ) -> list[int]:
         """Remove up to ``num_blocks`` least recently used leaves no one else references (the block
-        manager's ``ref_counts`` say 1: the cache's own reference); their ids."""
+        manager's ``ref_counts`` say 1: the cache's own reference); their ids.  ``on_evict`` sees
+        each node just before it is unlinked (its path still intact: a demotion copies it)."""
         heap, nodes = self._lru, self._node_of_block
         evicted: list[int] = []
         needed = num_blocks
@@ -230,6 +351,10 @@ class RadixCache:
             if node is None or node.last_access != entry >> _ID_BITS or node.children or ref_counts[block_id] != 1:
                 continue  # stale: a newer entry exists, or one is pushed when it becomes evictable
             while True:  # evict ``node``, then its parent while that is the next leaf to go
+                if on_evict is not None:
+                    on_evict(node)
+                if self.hashing:
+                    self._removed((node,))
                 del nodes[block_id]
                 parent = node.parent
                 assert parent is not None
@@ -309,3 +434,10 @@ class RadixCache:
                 seen += 1
                 stack.append(child)
         assert seen == len(self._node_of_block), (seen, len(self._node_of_block))
+        if self.hashing:
+            assert len(self._node_of_hash) == seen, (len(self._node_of_hash), seen)
+            for (namespace, block_hash), node in self._node_of_hash.items():
+                assert node.block_hash == block_hash and self._node_of_block.get(node.block_id) is node
+                parent = node.parent
+                assert parent is not None and node.block_hash == next_hash(parent.block_hash, node.key)
+                assert self.namespace_of(node) == namespace

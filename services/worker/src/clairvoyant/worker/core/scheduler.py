@@ -13,6 +13,12 @@ the prefix cache), it rejoins the waiting queue with its generated tokens, and l
 prompt + output.  A sequence is only ever preempted for a more urgent one; a decode that finds no
 less urgent victim preempts itself.
 
+With KV tiers (``core/tiers.py``): a waiting sequence whose L3 prefetch is in flight is held back
+as the prefetch policy says, admission first loads what L2 holds of the prompt into L1, and a
+victim's blocks are marked for swap or recompute by the cost model.  Background sequences
+(pre-prefills) run only in a step that has nothing else to run, and are paused (their computed
+whole blocks stay cached) as soon as live work can run.
+
 A ``PriorityRule`` may replace the effective priority (e.g. Autellix's K queues with quanta,
 demotion and anti-starvation); the tie-breaks and everything else stay as they are.  Which rule is
 installed follows the scheduler preset the requests name (``follow_preset``): a ``rule_factory``
@@ -28,6 +34,7 @@ from typing import NamedTuple, Protocol
 
 from clairvoyant.worker.core.block_manager import BlockManager
 from clairvoyant.worker.core.sequence import Sequence, SequenceStatus
+from clairvoyant.worker.core.tiers import KvTiers
 
 Urgency = tuple[float, float, int]
 
@@ -70,6 +77,7 @@ class Scheduler:
         self.rule_factory: RuleFactory | None = None  # None: requests' presets are ignored
         self.preset = ""  # the preset whose rule is installed; "" before any request named one
         self._preset_rules: dict[str, PriorityRule | None] = {}  # built once per preset on this engine
+        self.tiers: KvTiers | None = None
 
     def add(self, seq: Sequence) -> None:
         assert seq.status is SequenceStatus.WAITING and not seq.block_table
@@ -110,12 +118,33 @@ class Scheduler:
 
     def schedule(self, now: float) -> SchedulerOutput:
         step = _Step(self, now)
+        tiers = self.tiers
+        waiting = self.waiting
+        if tiers is not None:
+            waiting = [s for s in waiting if not tiers.holds_back(s, now)]
+        background = [s for s in (*self.running, *waiting) if s.background]
+        if background:
+            live = [s for s in (*self.running, *waiting) if not s.background]
+            if live:
+                for seq in background:
+                    if seq.status is SequenceStatus.RUNNING:
+                        self.pause(seq)
+            else:  # nothing else can run: the background lane gets the step
+                for seq in sorted(background, key=lambda s: (s.arrival_time, s.seq_id)):
+                    if step.budget == 0:
+                        break
+                    if seq.status is SequenceStatus.RUNNING:
+                        step.schedule_prefill(seq)
+                    elif not step.admit(seq):
+                        break
+                return step.out
+            waiting = [s for s in waiting if not s.background]
         for seq in sorted(self.running, key=step.key, reverse=True):
             if seq.num_uncomputed_tokens == 1 and seq.status is SequenceStatus.RUNNING:
                 if step.budget == 0:
                     break
                 step.schedule_decode(seq)
-        candidates = [s for s in self.running if s.num_uncomputed_tokens > 1] + self.waiting
+        candidates = [s for s in self.running if s.num_uncomputed_tokens > 1] + waiting
         admission_open = True
         for seq in sorted(candidates, key=step.key, reverse=True):
             if step.budget == 0:
@@ -130,9 +159,20 @@ class Scheduler:
                 admission_open = all(k < step.key(seq) for k in victim_keys) and step.admit(seq)
         return step.out
 
+    def pause(self, seq: Sequence) -> None:
+        """Send a running background sequence back to waiting; its whole computed blocks stay
+        cached, so it resumes where it was (not a preemption: nothing more urgent was short)."""
+        self.running.remove(seq)
+        self.kv.cache_computed_blocks(seq)
+        self.kv.free(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.kv.cache_computed_blocks(seq)
+        if self.tiers is not None:
+            self.tiers.on_preempt(seq)
         self.kv.free(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
@@ -187,6 +227,9 @@ class _Step:
             if victim is None:
                 return False
             self._preempt(victim)
+        tiers = self.sched.tiers
+        if tiers is not None:
+            tiers.before_admit(seq)
         cached = self.kv.match_prefix(seq)
         self.sched.waiting.remove(seq)
         self.sched.running.append(seq)
@@ -198,7 +241,11 @@ class _Step:
             self.sched.running.remove(seq)
             self.sched.waiting.append(seq)
             seq.status = SequenceStatus.WAITING
+            if tiers is not None:
+                tiers.not_admitted(seq)
             return False
+        if tiers is not None:
+            tiers.admitted(seq, cached)
         if seq.cached_tokens is None:
             seq.cached_tokens = cached
         self.out.cached_tokens += min(cached, seq.prompt_len)

@@ -63,6 +63,7 @@ class Sequence:
         self.generator = generator
         self.detokenizer = detokenizer
         self.eos_token_ids = eos_token_ids
+        self.background = False  # a pre-prefill: computes K/V only while nothing else can run
 
     @property
     def namespace(self) -> str | None:

@@ -71,3 +71,36 @@ class EngineStats:
     cached_prompt_tokens_total: int  # prompt positions served from the prefix cache (each admission)
     generated_tokens_total: int
     max_num_seqs: int
+    # KV tiers (core/tiers.py); zeros without them
+    l2_blocks_used: int = 0
+    l2_blocks_total: int = 0
+    hit_tokens: tuple[int, int, int] = (0, 0, 0)  # prompt tokens served from L1, L2, L3 (each admission)
+    l3_backend: str = ""  # the L3 store's name; "" without one
+    demoted_blocks_total: int = 0
+    promoted_blocks_total: int = 0
+    l3_written_blocks_total: int = 0
+    l3_fetched_blocks_total: int = 0
+    l3_errors_total: int = 0
+
+
+Tier = Literal[1, 2, 3]  # L1 device, L2 host, L3 shared storage
+KvEventKind = Literal["stored", "removed", "cleared"]
+
+
+@dataclass(frozen=True)
+class KvEvent:
+    """A change to what one tier of this engine holds, as vLLM's and llm-d's KV events report it.
+
+    ``stored``: consecutive blocks, each the parent of the next, the first below ``parent_hash``
+    (None: at the namespace root), all computed by ``tag``'s lineage.  ``removed``: blocks gone
+    from the tier (in no particular order).  ``cleared``: the tier lost everything (the hashes are
+    empty).  Hashes are the chained block hashes of ``clairvoyant.core.blockhash`` over the
+    engine's block size; ``namespace`` is the tenant (None: requests without one).
+    """
+
+    kind: KvEventKind
+    tier: Tier
+    namespace: str | None
+    block_hashes: tuple[int, ...]
+    parent_hash: int | None = None
+    tag: object | None = None  # the stored blocks' ``BlockTag`` (lineage and prompt/response)

@@ -29,6 +29,7 @@ class GpuSpec:
     network_efficiency: float = 0.8  # achieved fraction of network_bandwidth (RDMA, large messages)
     allreduce_latency: float = 10e-6  # seconds per all-reduce, independent of size (launch + sync)
     step_overhead: float = 1.0e-3  # seconds per engine step: scheduling, launches, sampling
+    host_dram_bytes: int = 0  # the node's host DRAM per GPU (the L2 pool's ceiling); 0: unknown
 
     def __post_init__(self) -> None:
         for name in ("mfu", "mbu", "pcie_efficiency", "network_efficiency"):
@@ -53,6 +54,7 @@ A100_80G = GpuSpec(
     mbu=0.90,
     allreduce_latency=12e-6,
     step_overhead=1.0e-3,
+    host_dram_bytes=1_000 * GB // 8,  # DGX A100: 1 TB system memory for 8 GPUs
 )
 
 # NVIDIA H100 Tensor Core GPU datasheet (H100 SXM 80GB): HBM3 80 GB at 3.35 TB/s; BF16 tensor
@@ -71,6 +73,7 @@ H100_80G = GpuSpec(
     mbu=0.85,
     allreduce_latency=8e-6,
     step_overhead=1.0e-3,
+    host_dram_bytes=2_000 * GB // 8,  # DGX H100: 2 TB system memory for 8 GPUs
 )
 
 GPUS: dict[str, GpuSpec] = {spec.name.lower(): spec for spec in (A100_80G, H100_80G)}

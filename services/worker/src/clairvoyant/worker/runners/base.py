@@ -168,3 +168,63 @@ class EmulatesKvTransfer(Protocol):
     def recompute_seconds(self, num_tokens: int) -> float:
         """Seconds of one engine step prefilling ``num_tokens`` tokens from scratch (batch of one)."""
         ...
+
+
+@runtime_checkable
+class HoldsHostKv(Protocol):
+    """Optional for a ``ModelRunner``: a host block pool (L2) beside the device pool (L1), and
+    whole blocks moved between them and out to bytes (pages for L3, ``core/l3.py``).
+
+    A page is one block's K and V of every layer, page-first:
+    ``[num_layers, 2, block_size, num_kv_heads, head_dim]`` in the runner's dtype, as raw bytes.
+    Copies are ordered with ``forward``: a block offloaded before a ``forward`` that overwrites it
+    is copied as it was (on CUDA the copy runs on a side stream ordered by an event; on CPU it is
+    done when the call returns).  A runner without tensors (the emulated one) moves nothing and
+    charges the time its cost model gives to its next step.
+    """
+
+    def allocate_host_kv(self, num_blocks: int) -> None:
+        """Create the host pool.  Called once, after ``allocate_kv``."""
+        ...
+
+    def offload(self, device_blocks: Sequence[int], host_blocks: Sequence[int]) -> None:
+        """Copy device blocks to host blocks, pairwise (L1 -> L2)."""
+        ...
+
+    def load(self, host_blocks: Sequence[int], device_blocks: Sequence[int]) -> None:
+        """Copy host blocks to device blocks, pairwise (L2 -> L1)."""
+        ...
+
+    def device_pages(self, device_blocks: Sequence[int]) -> list[bytes]:
+        """Each device block's page (write-through from L1 to L3)."""
+        ...
+
+    def host_pages(self, host_blocks: Sequence[int]) -> list[bytes]:
+        """Each host block's page (for L3)."""
+        ...
+
+    def set_host_pages(self, host_blocks: Sequence[int], pages: Sequence[bytes]) -> None:
+        """Write pages into host blocks (from L3).  Raises ValueError for a page of the wrong size."""
+        ...
+
+    def page_nbytes(self) -> int:
+        """Bytes of one page (0 for a runner without tensors)."""
+        ...
+
+
+@runtime_checkable
+class ChargesTransfers(Protocol):
+    """Optional for a ``ModelRunner`` without tensors: it charges tier transfers from its cost model
+    (``HoldsHostKv`` calls charge PCIe time; the engine charges L3 time through ``charge_l3``)."""
+
+    def charge_l3(self, num_blocks: int) -> None:
+        """Add the time of moving ``num_blocks`` pages to or from L3 to the next step."""
+        ...
+
+    def host_transfer_seconds(self, num_blocks: int) -> float:
+        """Seconds to move ``num_blocks`` blocks one way between device and host."""
+        ...
+
+    def recompute_seconds(self, num_tokens: int) -> float:
+        """Seconds of one engine step prefilling ``num_tokens`` tokens from scratch."""
+        ...

@@ -43,8 +43,11 @@ _CYCLE_INDEX = {(7 * i) % DISTINCT_COUNT: i for i in range(DISTINCT_COUNT)}
 
 
 class EmulatedRunner:
-    """Implements ``runners.base.ModelRunner``, ``SizesOwnKvPool``, ``FastForwardRunner`` and
-    ``EmulatesKvTransfer``.
+    """Implements ``runners.base.ModelRunner``, ``SizesOwnKvPool``, ``FastForwardRunner``,
+    ``EmulatesKvTransfer``, ``HoldsHostKv`` and ``ChargesTransfers``.
+
+    Tier transfers move no data: their modelled time (PCIe for L1<->L2, the node's network for
+    L3) is added to the next step, which the engine waits for.
 
     ``busy_seconds`` sums the predicted time of every step so far; ``last_step_seconds`` and
     ``last_step`` (the roofline terms) describe the latest one.
@@ -113,6 +116,9 @@ class EmulatedRunner:
         self._rows[range(len(emitted)), self._emitted] = 0.0
         self.num_blocks = 0
         self.block_size = 0
+        self.num_host_blocks = 0
+        self.transfer_seconds = 0.0  # tier transfers so far
+        self._transfer_debt = 0.0  # charged to the next step
         self.steps = 0
         self.busy_seconds = 0.0
         self.last_step_seconds = 0.0
@@ -152,17 +158,62 @@ class EmulatedRunner:
         if self.num_blocks == 0:
             raise RuntimeError("allocate_kv must be called before forward")
         cost = self.cost.step_cost(BatchItem(len(item.token_ids), item.start_pos) for item in items)
+        seconds = cost.seconds + self._transfer_debt
+        self._transfer_debt = 0.0
         self.steps += 1
-        self.busy_seconds += cost.seconds
-        self.last_step_seconds = cost.seconds
+        self.busy_seconds += seconds
+        self.last_step_seconds = seconds
         self.last_step = cost
-        wait = cost.seconds
+        wait = seconds
         if self.absorb_host_time and self._last_return is not None:
             wait -= min(self._clock() - self._last_return, self.cost.gpu.step_overhead)
         if wait > 0:
             self._sleep(wait)
         if self.absorb_host_time:
             self._last_return = self._clock()
+
+    # ---- HoldsHostKv and ChargesTransfers: the L2 pool moves accounting, and charges time --------
+    def default_num_host_blocks(self, block_size: int, fraction: float = 0.5) -> int:
+        """Host blocks in ``fraction`` of the node's DRAM share of one GPU (0 when unknown)."""
+        dram = self.cost.gpu.host_dram_bytes * fraction
+        return int(dram // (self.cost.kv_bytes_per_token_per_gpu * block_size))
+
+    def allocate_host_kv(self, num_blocks: int) -> None:
+        if num_blocks <= 0:
+            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        self.num_host_blocks = num_blocks
+
+    def host_transfer_seconds(self, num_blocks: int) -> float:
+        return self.cost.swap_time(self.cost.kv_bytes(num_blocks * self.block_size)) if num_blocks > 0 else 0.0
+
+    def _charge(self, seconds: float) -> None:
+        self._transfer_debt += seconds
+        self.transfer_seconds += seconds
+
+    def offload(self, device_blocks: Sequence[int], host_blocks: Sequence[int]) -> None:
+        self._charge(self.host_transfer_seconds(len(device_blocks)))
+
+    def load(self, host_blocks: Sequence[int], device_blocks: Sequence[int]) -> None:
+        self._charge(self.host_transfer_seconds(len(host_blocks)))
+
+    def device_pages(self, device_blocks: Sequence[int]) -> list[bytes]:
+        self._charge(self.host_transfer_seconds(len(device_blocks)))
+        return [b""] * len(device_blocks)
+
+    def host_pages(self, host_blocks: Sequence[int]) -> list[bytes]:
+        return [b""] * len(host_blocks)
+
+    def set_host_pages(self, host_blocks: Sequence[int], pages: Sequence[bytes]) -> None:
+        if any(pages):
+            raise ValueError("the emulated runner holds no K/V: pages must be empty")
+
+    def page_nbytes(self) -> int:
+        return 0
+
+    def charge_l3(self, num_blocks: int) -> None:
+        """An L3 put or get of ``num_blocks`` pages over the node's network (``migration_time``)."""
+        if num_blocks > 0:
+            self._charge(self.cost.migration_time(num_blocks * self.block_size))
 
     # ---- EmulatesKvTransfer: a migrated prefix's modelled time -----------------------------------
     def kv_transfer_seconds(self, num_tokens: int) -> float:

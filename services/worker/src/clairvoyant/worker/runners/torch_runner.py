@@ -6,16 +6,21 @@ from collections.abc import Sequence
 
 import torch
 
+from clairvoyant.kernels.kv_pages import gather_pages, scatter_pages
 from clairvoyant.worker.models.attention import build_paged_context, slots_of
 from clairvoyant.worker.models.llama import LlamaForCausalLM
 from clairvoyant.worker.runners.base import ForwardItem, ModelInfo, Tokenizer
 
 
 class TorchRunner:
-    """Implements ``runners.base.ModelRunner`` and ``CopiesKv``.
+    """Implements ``runners.base.ModelRunner``, ``CopiesKv`` and ``HoldsHostKv``.
 
     KV storage is one tensor ``[num_layers, 2 (K, V), num_blocks * block_size, num_kv_heads, head_dim]``;
-    a slot index is ``block * block_size + offset``, exactly the layout ``base.py`` draws.
+    a slot index is ``block * block_size + offset``, exactly the layout ``base.py`` draws.  The host
+    pool (L2) is page-first, ``[num_host_blocks, num_layers, 2, block_size, num_kv_heads, head_dim]``
+    (pinned on CUDA), so a page is contiguous: one object in L3, one copy per batch of blocks.
+    Blocks move through ``clairvoyant.kernels.kv_pages`` (the Triton kernel on CUDA, the torch path
+    on CPU): a batch is gathered into one page-first staging tensor and copied at once.
     """
 
     def __init__(self, model: LlamaForCausalLM, tokenizer: Tokenizer, info: ModelInfo) -> None:
@@ -26,6 +31,7 @@ class TorchRunner:
         self.device = weight.device
         self.dtype = weight.dtype
         self.kv_cache: torch.Tensor | None = None
+        self.host_kv: torch.Tensor | None = None
         self.block_size = 0
 
     def kv_bytes_per_token(self) -> int:
@@ -40,6 +46,56 @@ class TorchRunner:
         shape = (config.num_layers, 2, num_blocks * block_size, config.num_kv_heads, config.head_dim)
         self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.block_size = block_size
+
+    # ---- HoldsHostKv ----------------------------------------------------------------------------
+    def allocate_host_kv(self, num_blocks: int) -> None:
+        if self.kv_cache is None:
+            raise RuntimeError("allocate_kv must be called before allocate_host_kv")
+        if num_blocks <= 0:
+            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        layers, _, _, heads, head_dim = self.kv_cache.shape
+        shape = (num_blocks, layers, 2, self.block_size, heads, head_dim)
+        self.host_kv = torch.zeros(shape, dtype=self.dtype, pin_memory=self.device.type == "cuda")
+
+    def _pools(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.kv_cache is None or self.host_kv is None:
+            raise RuntimeError("allocate_kv and allocate_host_kv must be called first")
+        return self.kv_cache, self.host_kv
+
+    @torch.inference_mode()
+    def offload(self, device_blocks: Sequence[int], host_blocks: Sequence[int]) -> None:
+        kv, host = self._pools()
+        pages = gather_pages(kv, device_blocks, self.block_size)
+        index = torch.tensor(list(host_blocks), dtype=torch.int64)
+        host.index_copy_(0, index, pages.to("cpu"))
+
+    @torch.inference_mode()
+    def load(self, host_blocks: Sequence[int], device_blocks: Sequence[int]) -> None:
+        kv, host = self._pools()
+        pages = host.index_select(0, torch.tensor(list(host_blocks), dtype=torch.int64))
+        scatter_pages(kv, device_blocks, pages.to(self.device, non_blocking=True), self.block_size)
+
+    @torch.inference_mode()
+    def device_pages(self, device_blocks: Sequence[int]) -> list[bytes]:
+        kv, _ = self._pools()
+        return _page_bytes(gather_pages(kv, device_blocks, self.block_size).to("cpu"))
+
+    @torch.inference_mode()
+    def host_pages(self, host_blocks: Sequence[int]) -> list[bytes]:
+        _, host = self._pools()
+        return _page_bytes(host.index_select(0, torch.tensor(list(host_blocks), dtype=torch.int64)))
+
+    @torch.inference_mode()
+    def set_host_pages(self, host_blocks: Sequence[int], pages: Sequence[bytes]) -> None:
+        _, host = self._pools()
+        size = self.page_nbytes()
+        for block, page in zip(host_blocks, pages, strict=True):
+            if len(page) != size:
+                raise ValueError(f"a page of {len(page)} bytes; this worker's pages are {size} bytes")
+            host[block].view(-1).view(torch.uint8).copy_(torch.frombuffer(bytearray(page), dtype=torch.uint8))
+
+    def page_nbytes(self) -> int:
+        return self.kv_bytes_per_token() * self.block_size
 
     @torch.inference_mode()
     def read_kv(self, block_table: Sequence[int], num_tokens: int) -> torch.Tensor:
@@ -74,6 +130,12 @@ class TorchRunner:
         if not rows:
             return torch.empty(0, self.info.vocab_size, dtype=torch.float32, device=self.device)
         return self.model.compute_logits(hidden[rows]).float()
+
+
+def _page_bytes(pages: torch.Tensor) -> list[bytes]:
+    """The raw bytes of each page of a page-first CPU tensor."""
+    flat = pages.contiguous().view(pages.shape[0], -1).view(torch.uint8)
+    return [row.numpy().tobytes() for row in flat]
 
 
 def greedy_generate(
