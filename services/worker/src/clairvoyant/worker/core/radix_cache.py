@@ -168,27 +168,25 @@ class RadixCache:
         cache holds those blocks (``ref_counts`` 1); a subtree with a held block keeps that block
         and its ancestors.  Returns the removed ids, children before parents."""
         nodes = self._node_of_block
-        removed: list[RadixNode] = []
+        removed: list[int] = []
 
-        def remove_below(node: RadixNode) -> bool:  # True when ``node`` itself went
+        def remove_below(node: RadixNode) -> None:
             for child in list(node.children.values()):
                 remove_below(child)
-            if node.children or ref_counts[node.block_id] != 1:
-                return False
-            removed.append(node)
-            return True
+            if node.children or nodes.get(node.block_id) is not node or ref_counts[node.block_id] != 1:
+                return
+            self._removed((node,))
+            parent = node.parent
+            assert parent is not None
+            del parent.children[node.key]
+            del nodes[node.block_id]
+            removed.append(node.block_id)
 
         for block_id in block_ids:
             node = nodes.get(block_id)
             if node is not None:
                 remove_below(node)
-        self._removed(removed)
-        for node in removed:
-            parent = node.parent
-            assert parent is not None
-            del parent.children[node.key]
-            del nodes[node.block_id]
-        return [node.block_id for node in removed]
+        return removed
 
     def __len__(self) -> int:
         return len(self._node_of_block)
