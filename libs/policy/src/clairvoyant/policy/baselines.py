@@ -14,15 +14,17 @@ sources and the readings where the request here carries less than the real route
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
+from clairvoyant.core.blockhash import BLOCK_TOKENS
 from clairvoyant.policy.capabilities import Capability
 from clairvoyant.policy.presets import PRESETS, Preset
 from clairvoyant.policy.process_table import ProcessTable, program_key
 from clairvoyant.policy.scheduling import (
     PRIORITY_POLICIES,
     ROUTING_POLICIES,
+    KvIndexView,
     PriorityChanges,
     ProgramRows,
     least_used_eligible,
@@ -238,9 +240,16 @@ class CacheAwareRouting(_EngineQueued):
     then id.  A best-match worker at its admission limit makes the call wait (the router would
     have queued it there); one that is draining or excluded does not count as a match (the
     router matches only healthy workers).  A worker that leaves takes its tree with it.
+
+    Precise matching (``KV_AWARE``): when the workers of the model report their KV blocks, the
+    match is what they hold (``KvIndexView.cached_tokens``: the prompt's leading blocks when the
+    request carries its block hashes, else its session's blocks, tier-weighted) instead of the
+    approximate tree, which the real router keeps only because it cannot see the engines' caches.
+    Ties then go to fewer placements, then id.  The trees are still kept, for the smallest-tree
+    fallback and for models whose workers report nothing (routing is then exactly as above).
     """
 
-    capabilities = frozenset({Capability.ENGINE_QUEUED})
+    capabilities = frozenset({Capability.ENGINE_QUEUED, Capability.KV_AWARE})
 
     def __init__(
         self, config: CacheAwareConfig | None = None, engine_queue_factor: float = ROUTER_QUEUE_FACTOR
@@ -248,6 +257,10 @@ class CacheAwareRouting(_EngineQueued):
         super().__init__(engine_queue_factor)
         self.config = config or CacheAwareConfig()
         self.trees = ApproximateTrees(self.config.max_tree_tokens)
+        self._kv: KvIndexView | None = None
+
+    def bind_kv_index(self, index: KvIndexView) -> None:
+        self._kv = index
 
     def route(self, request: QueuedRequest, workers: Sequence[WorkerView], now: float) -> str | None:
         # One pass: the live ids, the serving workers, the candidates among them, the loads' extremes.
@@ -279,7 +292,7 @@ class CacheAwareRouting(_EngineQueued):
         if highest - lowest > cfg.balance_abs_threshold and highest > cfg.balance_rel_threshold * lowest:
             chosen = _least_loaded(candidates).worker_id
         else:
-            best = self._best_match(request, entry, serving)
+            best = self._best_match(request, entry, serving, now)
             if best is not None and best[1] > cfg.cache_threshold:
                 if not best[0].has_room:  # serving, not excluded: a candidate unless full
                     return None  # the matching worker is full: wait for it
@@ -296,8 +309,11 @@ class CacheAwareRouting(_EngineQueued):
         return min(held, request.prompt_tokens) / request.prompt_tokens if request.prompt_tokens > 0 else 0.0
 
     def _best_match(
-        self, request: QueuedRequest, entry: Hashable, serving: Sequence[WorkerView]
+        self, request: QueuedRequest, entry: Hashable, serving: Sequence[WorkerView], now: float
     ) -> tuple[WorkerView, float] | None:
+        cached = self._kv.cached_tokens(request, now) if self._kv is not None else None
+        if cached is not None:
+            return self._best_precise(request, cached, serving)
         if request.prompt_tokens <= 0:
             return None  # the router's match rate of an empty text is 0
         holders = self.trees.matches(entry)
@@ -315,6 +331,27 @@ class CacheAwareRouting(_EngineQueued):
             rate = min(held, request.prompt_tokens) / request.prompt_tokens
             if worker is not None and rate > 0 and (best is None or rate >= best[1]):
                 best = (worker, rate)
+        return best
+
+    @staticmethod
+    def _best_precise(
+        request: QueuedRequest, cached: Mapping[str, float], serving: Sequence[WorkerView]
+    ) -> tuple[WorkerView, float] | None:
+        """The highest match rate of the index's cached tokens; the prompt's length is its estimate,
+        or its hashed blocks' tokens when longer (the estimate counts characters)."""
+        prompt = max(request.prompt_tokens, len(request.prompt_block_hashes) * BLOCK_TOKENS)
+        if prompt <= 0:
+            return None
+        best: tuple[WorkerView, float] | None = None
+        best_key: tuple[float, int, str] | None = None
+        for worker in serving:
+            tokens = cached.get(worker.worker_id, 0.0)
+            if tokens <= 0 or worker.worker_id in request.exclude_workers:
+                continue
+            rate = min(tokens, prompt) / prompt
+            key = (-rate, worker.placed, worker.worker_id)
+            if best_key is None or key < best_key:
+                best, best_key = (worker, rate), key
         return best
 
 

@@ -31,6 +31,7 @@ class Capability(enum.Enum):
     OBSERVES_WORKERS = "observe_worker"  # sees every worker report as it arrives
     REBALANCES = "rebalance"  # re-pins queued calls before each dispatch (work stealing)
     MIGRATES_KV = "kv_source"  # names where a placed call's KV should come from
+    KV_AWARE = "bind_kv_index"  # reads the workers' reported KV blocks (KvIndexView)
 
 
 HOOKS = frozenset(capability.value for capability in Capability)

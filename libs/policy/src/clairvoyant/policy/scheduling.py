@@ -10,7 +10,7 @@ contract; a policy opts in by naming the hook's ``Capability``, never by type pr
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
 from clairvoyant.policy.capabilities import Capability, PolicyRegistry
@@ -185,6 +185,26 @@ class MigratesKv(Protocol):
         cached KV of the request's session should be moved to ``worker_id`` before the call runs
         there, or None.  The answer is the placement's ``Decision.kv_source``; moving it (or giving
         up and recomputing) is the caller's (SAGA §5.2 step 3)."""
+        ...
+
+
+class KvIndexView(Protocol):
+    """What a ``KV_AWARE`` policy may read of the KV blocks the workers report holding (their KV
+    events).  The scheduler's index implements it; reads only."""
+
+    def cached_tokens(self, request: QueuedRequest, now: float) -> Mapping[str, float] | None:
+        """Worker id -> tokens of ``request``'s context each worker holds, weighted by the tier
+        holding them (device memory counts most).  With ``request.prompt_block_hashes``: the
+        longest leading run of the prompt's blocks; without, the blocks of its session (tenant,
+        workflow_id).  A worker of the model that is absent holds nothing the index can vouch for.
+        None when no worker of the request's model reports its blocks: the caller keeps its own
+        estimate (the answer is then the same as if the index did not exist)."""
+        ...
+
+
+class KvAware(Protocol):
+    def bind_kv_index(self, index: KvIndexView) -> None:
+        """Called once by the scheduler that owns ``index``; the policy may keep and read it."""
         ...
 
 

@@ -23,6 +23,9 @@ class QueuedRequest:
     annotations: SysAnnotations | None = None  # the profiler's predictions; None: un-annotated
     exclude_workers: frozenset[str] = field(default_factory=frozenset)
     owner: str = ""  # who will use and release the placement (its lease's owner)
+    # The prompt's chained block hashes (clairvoyant.core.blockhash, 16-token blocks); empty when
+    # the caller did not send them (the gateway has text, not token ids).
+    prompt_block_hashes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,12 +14,15 @@ from clairvoyant.core.bus import WORKER_STATS_WILDCARD, EventBus
 from clairvoyant.core.clock import Clock, SystemClock
 from clairvoyant.core.grpcutil import add_health, bind, mark_serving, new_server
 from clairvoyant.scheduler.config import SchedulerSettings
-from clairvoyant.scheduler.core import GlobalScheduler, LeaseBook
+from clairvoyant.scheduler.core import GlobalScheduler, KvIndex, LeaseBook
 from clairvoyant.scheduler.grpc_api import SchedulerServicer
 from clairvoyant.scheduler.kv_migration import KvMover
 from clairvoyant.scheduler.liveness import WorkerProber
 
 logger = logging.getLogger(__name__)
+
+# Where workers publish their KV events (worker.proto ``KvEventBatch``): cv.kv.events.<worker_id>.
+KV_EVENTS_WILDCARD = "cv.kv.events.*"
 
 SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
 
@@ -38,6 +41,7 @@ class SchedulerApp:
             heartbeat_timeout_factor=settings.heartbeat_timeout_factor,
             default_heartbeat_interval_s=settings.default_heartbeat_interval_s,
             leases=LeaseBook(settings.placement_lease_s, settings.reconcile_grace_s),
+            kv_index=KvIndex(speculative_ttl_s=settings.kv_speculative_ttl_s),
         )
         timeout = settings.kv_migration_timeout_s
         self.kv_mover = KvMover(timeout) if timeout > 0 else None
@@ -66,6 +70,7 @@ class SchedulerApp:
         # Subscribing first means the bus (re)subscribes on every successful connect, including a
         # late one after NATS comes up: a dead NATS degrades the scheduler instead of stopping it.
         await self.bus.subscribe(WORKER_STATS_WILDCARD, self.servicer.on_worker_stats)
+        await self.bus.subscribe(KV_EVENTS_WILDCARD, self.servicer.on_kv_events)
         # In the background: with a dead server, nats-py's initial connect keeps retrying inside
         # EventBus.connect (allow_reconnect with unlimited attempts) and never returns.
         self._connect_task = asyncio.create_task(self.bus.connect(), name="scheduler-nats-connect")

@@ -28,6 +28,12 @@ class SchedulerSettings(ServiceSettings):
         description="longest a placement waits for its session's KV to move (saga's steals); "
         "past it, or when the move fails, the call recomputes the prefix.  0 turns moving off",
     )
+    kv_speculative_ttl_s: float = Field(
+        2.0,
+        ge=0,
+        description="a placement marks its prompt's blocks as held on its worker this long, until the "
+        "worker's KV events confirm them (cache-aware routing); 0 turns it off",
+    )
 
     placement_lease_s: float = Field(
         30.0, gt=0, description="a placement whose owner (a gateway) stops renewing it is reclaimed after this long"

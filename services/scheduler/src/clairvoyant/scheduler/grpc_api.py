@@ -163,6 +163,24 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self.heard_from(stats)
         self._dispatch()
 
+    async def on_kv_events(self, msg: Msg) -> None:
+        """NATS handler for ``cv.kv.events.*``: a worker's KV events, into the core's index.  A
+        malformed batch is counted and dropped (a dropped batch then shows as a sequence gap)."""
+        try:
+            batch = convert.kv_batch(worker_pb2.KvEventBatch.FromString(msg.data))
+        except DecodeError:
+            logger.warning("undecodable KV events on %s", msg.subject)
+            metrics.KV_EVENTS_DROPPED.labels("undecodable").inc()
+            return
+        except InvalidRequest as err:
+            logger.warning("invalid KV events on %s: %s", msg.subject, err.message)
+            metrics.KV_EVENTS_DROPPED.labels("invalid").inc()
+            return
+        applied = self.core.apply_kv_events(batch, self.clock.now())
+        if applied.gap:
+            logger.info("KV events of %s skipped a sequence number: its index waits for a CLEARED", batch.worker_id)
+            metrics.KV_EVENT_GAPS.inc()
+
     def heard_from(self, stats: worker_pb2.WorkerStats) -> None:
         """A worker's report (a heartbeat, or its answer to a probe): update it, and release the
         placements on it that it has not heard of for a while."""

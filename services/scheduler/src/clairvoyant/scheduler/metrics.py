@@ -33,6 +33,14 @@ WORKER_PROBES = Counter(
     "Stats calls to workers whose heartbeats stopped, before expiring them",
     ["outcome"],
 )
+# reason: undecodable | invalid (no worker or model, an unknown kind or tier)
+KV_EVENTS_DROPPED = Counter(
+    "cv_scheduler_kv_event_batches_dropped_total", "KV event batches dropped as malformed", ["reason"]
+)
+KV_EVENT_GAPS = Counter(
+    "cv_scheduler_kv_event_gaps_total",
+    "Sequence gaps in a worker's KV events (its index is dropped until its next CLEARED)",
+)
 # A label for rejected requests whose model no worker serves: client-chosen names must not grow
 # the label set without bound.
 UNKNOWN_MODEL = "_unknown"

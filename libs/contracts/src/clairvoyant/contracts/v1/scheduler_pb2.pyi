@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ScheduleRequest(_message.Message):
-    __slots__ = ("request_id", "tenant", "model", "app_metadata", "annotations", "prompt_tokens", "max_tokens", "exclude_workers", "owner")
+    __slots__ = ("request_id", "tenant", "model", "app_metadata", "annotations", "prompt_tokens", "max_tokens", "exclude_workers", "owner", "prompt_block_hashes")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,7 @@ class ScheduleRequest(_message.Message):
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     EXCLUDE_WORKERS_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     model: str
@@ -27,7 +28,8 @@ class ScheduleRequest(_message.Message):
     max_tokens: int
     exclude_workers: _containers.RepeatedScalarFieldContainer[str]
     owner: str
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model: _Optional[str] = ..., app_metadata: _Optional[_Union[_common_pb2.AppMetadata, _Mapping]] = ..., annotations: _Optional[_Union[_common_pb2.SysAnnotations, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., exclude_workers: _Optional[_Iterable[str]] = ..., owner: _Optional[str] = ...) -> None: ...
+    prompt_block_hashes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model: _Optional[str] = ..., app_metadata: _Optional[_Union[_common_pb2.AppMetadata, _Mapping]] = ..., annotations: _Optional[_Union[_common_pb2.SysAnnotations, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., exclude_workers: _Optional[_Iterable[str]] = ..., owner: _Optional[str] = ..., prompt_block_hashes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Placement(_message.Message):
     __slots__ = ("request_id", "worker_id", "worker_address", "base_priority", "queue_wait_s", "cache_hints", "preset", "lease_s", "program_wait_s", "program_service_s")

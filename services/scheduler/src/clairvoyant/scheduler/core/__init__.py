@@ -20,6 +20,15 @@ from clairvoyant.policy.types import (
 )
 from clairvoyant.scheduler.core.global_queue import GlobalScheduler
 from clairvoyant.scheduler.core.inspection import HeldCall
+from clairvoyant.scheduler.core.kv_index import (
+    KvApplied,
+    KvBatch,
+    KvBlockEvent,
+    KvEventKind,
+    KvIndex,
+    KvTier,
+    TierWeights,
+)
 from clairvoyant.scheduler.core.leases import Lease, LeaseBook, Reclaimed
 
 __all__ = [
@@ -34,6 +43,12 @@ __all__ = [
     "KQueueConfig",
     "KQueuePriority",
     "KQueueRule",
+    "KvApplied",
+    "KvBatch",
+    "KvBlockEvent",
+    "KvEventKind",
+    "KvIndex",
+    "KvTier",
     "Lease",
     "LeaseBook",
     "LocalRule",
@@ -46,6 +61,7 @@ __all__ = [
     "Reclaimed",
     "RoutingPolicy",
     "SchedulerSnapshot",
+    "TierWeights",
     "WorkerReport",
     "WorkerView",
     "build_policies",

@@ -27,6 +27,7 @@ from clairvoyant.policy.scheduling import (
     EngineQueued,
     FixedPriority,
     IncrementalPriority,
+    KvAware,
     LocalRule,
     MigratesKv,
     PriorityPolicy,
@@ -46,6 +47,7 @@ from clairvoyant.policy.types import (
     WorkerView,
 )
 from clairvoyant.scheduler.core.inspection import SchedulerInspection
+from clairvoyant.scheduler.core.kv_index import KvApplied, KvBatch, KvIndex
 from clairvoyant.scheduler.core.leases import LeaseBook, Reclaimed
 from clairvoyant.scheduler.core.placements import PlacementBook
 from clairvoyant.scheduler.core.queues import GlobalQueues
@@ -66,12 +68,15 @@ class GlobalScheduler(SchedulerInspection):
         default_heartbeat_interval_s: float = 1.0,
         program_idle_ttl_s: float = 600.0,
         leases: LeaseBook | None = None,
+        kv_index: KvIndex | None = None,
     ) -> None:
         """``program_idle_ttl_s``: a program with no call in flight leaves the process table after
         this long without an arrival or completion (or at once when a call says workflow_end).
         ``leases``: when given, every placement holds a lease in it (``renew``, ``reclaim`` and
         the workers' reports of what they hold bring back placements nobody released); the
-        simulator, which loses no calls, runs without."""
+        simulator, which loses no calls, runs without.  ``kv_index``: the workers' reported KV
+        blocks (``apply_kv_events``), read by ``KV_AWARE`` policies; a fresh one by default, which
+        stays empty, and changes nothing, while no worker reports."""
         if max_queue_per_model < 1:
             raise ValueError("max_queue_per_model must be at least 1")
         self.priority_policy = priority
@@ -93,11 +98,14 @@ class GlobalScheduler(SchedulerInspection):
         )
         self.programs = ProcessTable(program_idle_ttl_s)
         self._placements = PlacementBook(leases)
+        self.kv_index = kv_index or KvIndex()
         for policy, can in ((priority, priority_can), (routing, routing_can)):
             if Capability.PROGRAM_AWARE in can:
                 cast(ProgramAware, policy).bind_programs(self.programs)
             if Capability.SCHEDULER_AWARE in can:
                 cast(SchedulerAware, policy).bind_scheduler(self)
+            if Capability.KV_AWARE in can:
+                cast(KvAware, policy).bind_kv_index(self.kv_index)
         queued = Capability.ENGINE_QUEUED in routing_can
         engine_queue_factor = cast(EngineQueued, routing).engine_queue_factor() if queued else 1.0
         if engine_queue_factor < 1:
@@ -236,6 +244,8 @@ class GlobalScheduler(SchedulerInspection):
                 worker = self._workers.add_placed(worker_id, +1)
                 assert worker is not None
                 self._placements.place(request, worker_id, now)
+                if request.prompt_block_hashes:
+                    self.kv_index.speculate(worker_id, request, now)
                 kv_source = None if self._migrating is None else self._migrating.kv_source(request, worker_id)
                 wait = now - request.arrival_time
                 program = self.programs.get(program_key(request))
@@ -251,6 +261,12 @@ class GlobalScheduler(SchedulerInspection):
         if self._observer is not None:
             self._observer.observe_worker(report, now)
         return view
+
+    def apply_kv_events(self, batch: KvBatch, now: float) -> KvApplied:
+        """A worker's KV events, into the index (``KvIndex.apply``).  A batch from a worker that
+        is not live (no heartbeat yet, or already expired) is indexed all the same: its
+        heartbeat may come next, and ``remove_worker`` drops it when it goes."""
+        return self.kv_index.apply(batch, now)
 
     def silent_workers(self, now: float) -> list[WorkerView]:
         """The workers ``expire_workers`` would remove at ``now``, by id: silent for more than
@@ -283,6 +299,7 @@ class GlobalScheduler(SchedulerInspection):
         if worker is None:
             return None
         self._workers.remove(worker_id)
+        self.kv_index.remove_worker(worker_id)
         failed = self._placements.fail_worker(worker_id)
         for placement in failed:
             self.programs.on_cancel(placement.request)
