@@ -17,7 +17,7 @@ import math
 import time
 from collections.abc import Callable, Sequence as Tokens
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 from clairvoyant.core.context_window import check_context_window
 from clairvoyant.worker.core.block_manager import BlockManager
@@ -433,7 +433,7 @@ class LLMEngine:
             **self._tier_stats(),
         )
 
-    def _tier_stats(self) -> dict[str, object]:
+    def _tier_stats(self) -> dict[str, Any]:
         tiers = self.tiers
         if tiers is None:
             return {"hit_tokens": (self._cached_prompt_tokens_total, 0, 0)}

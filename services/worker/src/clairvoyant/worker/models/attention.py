@@ -9,11 +9,14 @@ all rows at once, and attention runs per item over that item's context read back
 
 The metadata is built once per step and shared by every layer.  Decode items (one query each) are
 attended together in one padded, masked SDPA call per layer: a per-item Python loop over 32
-sequences and 30 layers costs more than the attention arithmetic itself on a CPU.
+sequences and 30 layers costs more than the attention arithmetic itself on a CPU.  On a CUDA device
+with Triton installed they go instead to the split-KV paged decode kernel
+(``clairvoyant.kernels.paged_attention``), which reads the blocks through the block tables directly.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -51,13 +54,31 @@ class DecodeBatch:
 
 
 @dataclass(frozen=True)
+class KernelDecodeBatch:
+    """All single-token items of a step, as the Triton paged decode kernel reads them::
+
+        rows         = [3, 4, 7]              (their rows in the flattened batch)
+        block_tables = [[7 2 9],              [num_decodes, max_blocks] int32 (0 = padding, never read)
+                        [4 0 0],
+                        [5 1 0]]
+        seq_lens     = [10, 3, 6]             keys attended: positions 0 .. start_pos
+    """
+
+    rows: torch.Tensor  # [num_decodes] int64
+    block_tables: torch.Tensor  # [num_decodes, max_blocks] int32
+    seq_lens: torch.Tensor  # [num_decodes] int32
+    block_size: int
+
+
+@dataclass(frozen=True)
 class PagedContext:
     """Everything a layer needs to write and read paged K/V during one step."""
 
     kv_cache: torch.Tensor  # [num_layers, 2, num_slots, num_kv_heads, head_dim]
     slot_mapping: torch.Tensor  # [T] int64: where each new token's K/V is written
     items: list[ItemSlice]  # every item, in step order
-    decodes: DecodeBatch | None = None  # the single-query items, batched
+    decodes: DecodeBatch | None = None  # the single-query items, batched for SDPA (CPU)
+    kernel_decodes: KernelDecodeBatch | None = None  # the same, for the Triton kernel (CUDA)
 
 
 def slots_of(block_table: Sequence[int], block_size: int, length: int, device: torch.device) -> torch.Tensor:
@@ -99,7 +120,45 @@ def build_paged_context(
     slot_mapping = torch.cat(write_slots) if write_slots else torch.empty(0, dtype=torch.int64, device=device)
     all_positions = torch.cat(positions) if positions else torch.empty(0, dtype=torch.int64, device=device)
     single = [s for s in slices if s.query_end - s.query_start == 1]
+    if single and triton_decode_available(device):
+        pairs = [(s, item) for s, item in zip(slices, items, strict=True) if s.query_end - s.query_start == 1]
+        kernel_decodes = _kernel_decode_batch(pairs, block_size, device)
+        return PagedContext(kv_cache, slot_mapping, slices, kernel_decodes=kernel_decodes), all_positions
     return PagedContext(kv_cache, slot_mapping, slices, _decode_batch(single, device)), all_positions
+
+
+@functools.cache
+def _triton_importable() -> bool:
+    try:
+        from clairvoyant.kernels import triton_available
+    except ImportError:
+        return False
+    return triton_available()
+
+
+def triton_decode_available(device: torch.device) -> bool:
+    """Decode items on ``device`` go to the Triton paged decode kernel: a CUDA device, and the
+    kernels package with Triton installed.  The CPU always keeps the SDPA path."""
+    return device.type == "cuda" and _triton_importable()
+
+
+def _kernel_decode_batch(
+    pairs: list[tuple[ItemSlice, ForwardItem]], block_size: int, device: torch.device
+) -> KernelDecodeBatch:
+    # Built on the host and moved in one copy each: per-row writes would each be a kernel launch.
+    lengths = [item.start_pos + 1 for _, item in pairs]
+    tables = [
+        list(item.block_table[: -(-length // block_size)])
+        for (_, item), length in zip(pairs, lengths, strict=True)
+    ]
+    widest = max(len(table) for table in tables)
+    padded = [table + [0] * (widest - len(table)) for table in tables]
+    return KernelDecodeBatch(
+        rows=torch.tensor([s.query_start for s, _ in pairs], dtype=torch.int64, device=device),
+        block_tables=torch.tensor(padded, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(lengths, dtype=torch.int32, device=device),
+        block_size=block_size,
+    )
 
 
 def _decode_batch(single: list[ItemSlice], device: torch.device) -> DecodeBatch | None:
@@ -144,6 +203,20 @@ def paged_attention(
             queries, keys, values, attn_mask=batch.mask, scale=scale, enable_gqa=True
         )
         out[batch.rows] = attended.squeeze(2)
+    if context.kernel_decodes is not None:
+        from clairvoyant.kernels.paged_attention import paged_decode_attention
+
+        kernel_batch = context.kernel_decodes
+        out[kernel_batch.rows] = paged_decode_attention(
+            q[kernel_batch.rows],
+            layer_cache[0],
+            layer_cache[1],
+            kernel_batch.block_tables,
+            kernel_batch.seq_lens,
+            kernel_batch.block_size,
+            scale,
+            impl="triton",
+        )
     return out
 
 
