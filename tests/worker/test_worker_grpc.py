@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from clairvoyant.contracts.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from clairvoyant.contracts.v1 import cachemgr_pb2, common_pb2, worker_pb2, worker_pb2_grpc
 from clairvoyant.core.blockhash import BLOCK_TOKENS, sequence_hashes
 from clairvoyant.core.errors import ContextLengthExceeded
 from clairvoyant.core.grpc_errors import from_rpc_error
@@ -130,15 +130,18 @@ async def test_prefill_caches_the_prompt_for_the_next_request(worker: Running) -
     assert other_tenant.cached_tokens == 0
 
 
-async def test_stats_health_and_unimplemented_rpcs(worker: Running) -> None:
+async def test_stats_health_and_directives_without_tiers(worker: Running) -> None:
     stats = await worker.stub.Stats(worker_pb2.WorkerStatsRequest())
     assert (stats.worker_id, stats.model, stats.kv_blocks_total, stats.max_batch) == ("w-test", "tiny-random", 64, 4)
     assert stats.max_model_len == 256
     health = await worker.health.Check(health_pb2.HealthCheckRequest(service="clairvoyant.v1.Worker"))
     assert health.status == health_pb2.HealthCheckResponse.SERVING
+    assert [t.tier for t in stats.tiers] == [cachemgr_pb2.CACHE_TIER_L1]  # no host cache here
+    assert (await worker.stub.ApplyDirectives(worker_pb2.ApplyDirectivesRequest())).applied == 0
+    drop = cachemgr_pb2.CacheDirective(kind=cachemgr_pb2.DIRECTIVE_KIND_DROP)
     with pytest.raises(grpc.aio.AioRpcError) as info:
-        await worker.stub.ApplyDirectives(worker_pb2.ApplyDirectivesRequest())
-    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        await worker.stub.ApplyDirectives(worker_pb2.ApplyDirectivesRequest(directives=[drop]))
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
 def token_prompt(request_id: str, ids: list[int], max_tokens: int) -> worker_pb2.GenerateRequest:

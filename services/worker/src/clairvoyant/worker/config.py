@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import socket
+from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from clairvoyant.core.config import ServiceSettings
+from clairvoyant.core.logs import mask_url
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+L3_SCHEMES = ("file", "redis", "mooncake", "memory")  # clairvoyant.worker.l3 opens them
 
 
 class WorkerSettings(ServiceSettings):
@@ -30,6 +34,35 @@ class WorkerSettings(ServiceSettings):
     aging_rate: float = Field(0.0, ge=0)
     heartbeat_interval_s: float = Field(1.0, gt=0)
     torch_threads: int = Field(0, ge=0, description="torch intra-op threads; 0 keeps torch's default")
+    # KV tiers below the device pool (core/tiers.py): L2 in host memory, L3 in shared storage
+    host_cache_ratio: float = Field(2.0, ge=0, description="L2 host blocks per L1 block; 0 disables L2 and L3")
+    host_cache_gb: float = Field(0.0, ge=0, description="L2 size in GiB; > 0 overrides host_cache_ratio")
+    l3_url: str = Field("", description="shared L3 store: file:///dir, redis://host:port, mooncake://...; empty: none")
+    l3_timeout_s: float = Field(5.0, gt=0, description="connecting to the L3 store, and each call where the store allows")
+    l3_write_policy: Literal["write_through", "write_through_selective", "write_back"] = "write_through"
+    l3_prefetch_policy: Literal["best_effort", "wait_complete", "timeout"] = "timeout"
+    l3_prefetch_threshold_tokens: int = Field(256, ge=0)
+    l3_prefetch_timeout_base_s: float = Field(2.0, ge=0)
+    l3_prefetch_timeout_per_ki_token_s: float = Field(0.1, ge=0)
+    kv_events: bool = Field(True, description="publish KV cache events on cv.kv.events.<worker_id>")
+
+    @field_validator("l3_url")
+    @classmethod
+    def _known_l3_scheme(cls, url: str) -> str:
+        if url and urlsplit(url).scheme not in L3_SCHEMES:
+            schemes = ", ".join(f"{scheme}://" for scheme in L3_SCHEMES)
+            raise ValueError(f"CV_L3_URL must start with one of {schemes}; got {mask_url(url)!r}")
+        return url
+
+    @model_validator(mode="after")
+    def _l3_needs_l2(self) -> WorkerSettings:
+        if self.l3_url and not self.host_cache_enabled:
+            raise ValueError("CV_L3_URL needs an L2 host cache: set CV_HOST_CACHE_RATIO or CV_HOST_CACHE_GB above 0")
+        return self
+
+    @property
+    def host_cache_enabled(self) -> bool:
+        return self.host_cache_ratio > 0 or self.host_cache_gb > 0
 
     def resolved_worker_id(self) -> str:
         return self.worker_id or f"{socket.gethostname()}-{self.worker_grpc_port}"

@@ -4,6 +4,11 @@ The engine (``core.engine.LLMEngine``) is single-threaded by contract.  One thre
 applies queued commands (add, abort, a call), runs ``step()`` while there is work, and hands each
 ``RequestOutput`` to the asyncio queue of the request that owns it.  Everything else talks to the
 engine only through this class.
+
+When the engine has work it cannot advance (a request waiting on an L3 prefetch, or only transfers
+in flight), the thread waits ``STALL_WAIT_S`` for a command instead of spinning; every step
+polls the transfers.  After each round, the stats go to ``on_step`` and the KV events to
+``on_kv_events`` (both called on the engine thread: they must only hand off, never block).
 """
 
 from __future__ import annotations
@@ -18,8 +23,12 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
 
 from clairvoyant.worker.core.engine import EngineRequest, EngineStats, LLMEngine, RequestOutput
+from clairvoyant.worker.core.types import KvEvent
 
 logger = logging.getLogger(__name__)
+
+STALL_WAIT_S = 0.005  # how long a stalled engine waits for a command before polling its transfers again
+
 
 @dataclass(frozen=True)
 class _Add:
@@ -48,9 +57,15 @@ T = TypeVar("T")
 class AsyncEngine:
     """Thread-safe, asyncio-facing wrapper around one ``LLMEngine``."""
 
-    def __init__(self, engine: LLMEngine, on_step: Callable[[EngineStats], None] | None = None) -> None:
+    def __init__(
+        self,
+        engine: LLMEngine,
+        on_step: Callable[[EngineStats], None] | None = None,
+        on_kv_events: Callable[[list[KvEvent]], None] | None = None,
+    ) -> None:
         self.engine = engine
         self._on_step = on_step
+        self._on_kv_events = on_kv_events
         self._commands: queue.SimpleQueue[_Command | None] = queue.SimpleQueue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[_Item]]] = {}
         self._lock = threading.Lock()
@@ -140,12 +155,19 @@ class AsyncEngine:
             self._deliver(command.request.request_id, exc)
 
     def _run(self) -> None:
+        engine = self.engine
+        stalled = False  # the last step could not advance anything
         while True:
             pending: list[_Command | None] = []
             try:
-                # Idle: sleep until a command arrives.  Busy: just pick up what is already queued.
-                idle = not self.engine.has_unfinished()
-                pending.append(self._commands.get() if idle else self._commands.get_nowait())
+                # Idle: sleep until a command arrives.  Stalled: wait a moment, then poll the
+                # transfers again.  Busy: just pick up what is already queued.
+                if not (engine.has_unfinished() or engine.has_pending_transfers()):
+                    pending.append(self._commands.get())
+                elif stalled:
+                    pending.append(self._commands.get(timeout=STALL_WAIT_S))
+                else:
+                    pending.append(self._commands.get_nowait())
             except queue.Empty:
                 pass
             while True:
@@ -157,18 +179,25 @@ class AsyncEngine:
                 if command is None:
                     return
                 self._apply(command)
-            if self.engine.has_unfinished():
+            stalled = False
+            if engine.has_unfinished() or engine.has_pending_transfers():
                 try:
-                    outputs = self.engine.step()
+                    outputs = engine.step()
+                    stalled = not outputs and not engine.last_schedule.chunks
                 except Exception:
                     logger.exception("engine step failed; failing the running requests")
                     self._fail_all()
                     outputs = []
+                    stalled = True  # a step that keeps failing must not spin either
                 for output in outputs:
                     self._deliver(output.request_id, output)
-            self._stats = self.engine.stats()
+            self._stats = engine.stats()
             if self._on_step is not None:
                 self._on_step(self._stats)
+            if self._on_kv_events is not None:
+                events = engine.drain_kv_events()
+                if events:
+                    self._on_kv_events(events)
 
     def _run_call(self, call: _Call) -> None:
         def settle(outcome: Any, failed: bool) -> None:

@@ -17,9 +17,11 @@ from clairvoyant.worker.block_hashes import SequenceHasher
 from clairvoyant.worker.core.kv_transfer import KvTransferError
 from clairvoyant.worker.core.sampling import SamplingParams
 from clairvoyant.worker.core.sequence import Lineage
+from clairvoyant.worker.directives import DirectiveRejected, apply_directives
 from clairvoyant.worker.frontend import PromptInput, WorkerFrontend
 from clairvoyant.worker.heartbeat import Heartbeat
 from clairvoyant.worker.kv_wire import PrefixAssembler
+from clairvoyant.worker.metrics import DIRECTIVES
 
 logger = logging.getLogger(__name__)
 _tracer = tracer(__name__)
@@ -168,8 +170,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def ApplyDirectives(  # noqa: N802
         self, request: worker_pb2.ApplyDirectivesRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.ApplyDirectivesResponse:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "cache directives are not supported by this worker yet")
-        raise AssertionError("unreachable")
+        """All the directives or none: the batch is checked before any is applied."""
+        try:
+            applied = await apply_directives(self.frontend.engine, request.directives, self.frontend.worker_id)
+            DIRECTIVES.labels("grpc", "applied").inc()
+            return worker_pb2.ApplyDirectivesResponse(applied=applied)
+        except DirectiveRejected as exc:
+            DIRECTIVES.labels("grpc", "rejected").inc()
+            code = grpc.StatusCode.FAILED_PRECONDITION if exc.missing_tier else grpc.StatusCode.INVALID_ARGUMENT
+            await context.abort(code, str(exc))
+            raise AssertionError("unreachable") from exc
 
     async def ExportKV(  # noqa: N802
         self, request: worker_pb2.ExportKVRequest, context: grpc.aio.ServicerContext

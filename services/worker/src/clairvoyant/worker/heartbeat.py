@@ -10,13 +10,39 @@ import asyncio
 import logging
 import time
 
-from clairvoyant.contracts.v1 import worker_pb2
+from clairvoyant.contracts.v1 import cachemgr_pb2, worker_pb2
 from clairvoyant.core.bus import EventBus, worker_stats_subject
 from clairvoyant.worker.config import WorkerSettings
+from clairvoyant.worker.core.types import EngineStats
 from clairvoyant.worker.engine_loop import AsyncEngine
 from clairvoyant.worker.runners.base import ModelRunner
 
 logger = logging.getLogger(__name__)
+
+
+def tier_usage(stats: EngineStats) -> list[worker_pb2.TierUsage]:
+    """L1 always; L2 and L3 when the worker has them (L3's size is the store's: unknown here, 0)."""
+    l1_hits, l2_hits, l3_hits = stats.hit_tokens
+    tiers = [
+        worker_pb2.TierUsage(
+            tier=cachemgr_pb2.CACHE_TIER_L1,
+            blocks_used=stats.kv_blocks_used,
+            blocks_total=stats.kv_blocks_total,
+            hit_tokens=l1_hits,
+        )
+    ]
+    if stats.l2_blocks_total:
+        tiers.append(
+            worker_pb2.TierUsage(
+                tier=cachemgr_pb2.CACHE_TIER_L2,
+                blocks_used=stats.l2_blocks_used,
+                blocks_total=stats.l2_blocks_total,
+                hit_tokens=l2_hits,
+            )
+        )
+    if stats.l3_backend:
+        tiers.append(worker_pb2.TierUsage(tier=cachemgr_pb2.CACHE_TIER_L3, hit_tokens=l3_hits))
+    return tiers
 
 
 class Heartbeat:
@@ -54,6 +80,7 @@ class Heartbeat:
             timestamp=time.time(),
             draining=self.draining,
             held=worker_pb2.HeldRequests(request_ids=sorted(self.held_requests)),
+            tiers=tier_usage(stats),
         )
 
     async def run(self, bus: EventBus) -> None:

@@ -21,6 +21,23 @@ CACHED_PROMPT = Gauge("cv_worker_cached_prompt_tokens_total", "Prompt tokens ser
 KV_MIGRATED = Counter(
     "cv_worker_kv_migrated_tokens_total", "Prefix tokens sent or cached by KV migration", ["direction"]
 )
+# KV tiers (L2 host, L3 shared); the engine's counters are monotonic, the gauges follow them
+L2_USED = Gauge("cv_worker_l2_blocks_used", "KV blocks in use in the host pool (L2)")
+L2_TOTAL = Gauge("cv_worker_l2_blocks_total", "KV blocks in the host pool (L2)")
+HIT_TOKENS = Gauge("cv_worker_kv_hit_tokens_total", "Prompt tokens served from each KV tier", ["tier"])
+_HITS_BY_TIER = tuple(HIT_TOKENS.labels(tier) for tier in ("L1", "L2", "L3"))
+DEMOTED = Gauge("cv_worker_kv_demoted_blocks_total", "KV blocks copied down from L1 to L2 on eviction")
+PROMOTED = Gauge("cv_worker_kv_promoted_blocks_total", "KV blocks loaded up from L2 into L1")
+L3_WRITTEN = Gauge("cv_worker_l3_written_blocks_total", "KV blocks written to the L3 store")
+L3_FETCHED = Gauge("cv_worker_l3_fetched_blocks_total", "KV blocks fetched from the L3 store")
+L3_ERRORS = Gauge("cv_worker_l3_errors_total", "L3 store calls that failed")
+KV_EVENTS_DROPPED = Counter(
+    "cv_worker_kv_events_dropped_total", "KV event batches dropped because the publish queue was full"
+)
+DIRECTIVES = Counter("cv_worker_directives_total", "Cache directive batches by outcome", ["source", "outcome"])
+DIRECTIVE_MESSAGES_INVALID = Counter(
+    "cv_worker_directive_messages_invalid_total", "Directive messages on NATS that could not be decoded"
+)
 
 
 def record_stats(stats: EngineStats) -> None:
@@ -33,3 +50,12 @@ def record_stats(stats: EngineStats) -> None:
     PREEMPTIONS.set(stats.preemptions_total)
     GENERATED.set(stats.generated_tokens_total)
     CACHED_PROMPT.set(stats.cached_prompt_tokens_total)
+    L2_USED.set(stats.l2_blocks_used)
+    L2_TOTAL.set(stats.l2_blocks_total)
+    for child, tokens in zip(_HITS_BY_TIER, stats.hit_tokens, strict=True):
+        child.set(tokens)
+    DEMOTED.set(stats.demoted_blocks_total)
+    PROMOTED.set(stats.promoted_blocks_total)
+    L3_WRITTEN.set(stats.l3_written_blocks_total)
+    L3_FETCHED.set(stats.l3_fetched_blocks_total)
+    L3_ERRORS.set(stats.l3_errors_total)

@@ -15,7 +15,8 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from collections.abc import Callable, Sequence as Tokens
+from collections.abc import Callable
+from collections.abc import Sequence as Tokens
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -28,8 +29,8 @@ from clairvoyant.worker.core.decode_run import (
     replay_block_events,
 )
 from clairvoyant.worker.core.detokenize import IncrementalDetokenizer, NoText
-from clairvoyant.worker.core.sampling import SamplingParams, make_generator, sample
 from clairvoyant.worker.core.l3 import L3Store
+from clairvoyant.worker.core.sampling import SamplingParams, make_generator, sample
 from clairvoyant.worker.core.scheduler import Scheduler, SchedulerOutput
 from clairvoyant.worker.core.sequence import Sequence, SequenceStatus
 from clairvoyant.worker.core.tiers import Directive, DirectiveError, Executor, KvTiers, TierConfig
@@ -196,13 +197,7 @@ class LLMEngine:
         nothing else to run; paused whenever live work can run).  Its whole blocks join the prefix
         cache.  Returns its id (``abort_request`` cancels it); it produces no output."""
         tokens = list(token_ids)
-        if len(tokens) < self.config.block_size + 1:
-            raise DirectiveError(f"pre-prefill needs more than one block ({self.config.block_size} tokens)")
-        info = self.runner.info
-        if len(tokens) > info.max_model_len or -(-len(tokens) // self.config.block_size) > self.config.num_blocks:
-            raise DirectiveError(f"pre-prefill of {len(tokens)} tokens does not fit this worker")
-        if not _in_vocabulary(tokens, info.vocab_size):
-            raise DirectiveError("pre-prefill token ids outside the vocabulary")
+        self._check_pre_prefill(tokens)
         if lineage is None and namespace is not None:
             lineage = Lineage(namespace)
         elif lineage is not None and lineage.tenant != namespace:
@@ -219,17 +214,33 @@ class LLMEngine:
         self.scheduler.add(seq)
         return request.request_id
 
+    def _check_pre_prefill(self, tokens: Tokens[int]) -> None:
+        block_size, info = self.config.block_size, self.runner.info
+        if len(tokens) <= block_size:
+            raise DirectiveError(f"pre_prefill needs token_ids longer than one block ({block_size} tokens)")
+        if len(tokens) > info.max_model_len or -(-len(tokens) // block_size) > self.config.num_blocks:
+            raise DirectiveError(f"pre_prefill of {len(tokens)} tokens does not fit this worker")
+        if not _in_vocabulary(list(tokens), info.vocab_size):
+            raise DirectiveError("pre_prefill token ids outside the vocabulary")
+
+    def check_directive(self, directive: Directive) -> None:
+        """Raise ``DirectiveError`` for a directive ``apply_directive`` would refuse; changes nothing."""
+        if directive.kind == "pre_prefill":
+            self._check_pre_prefill(directive.token_ids)
+        elif self.tiers is None:
+            raise DirectiveError("this worker has no KV tiers (its host cache size is 0)", missing_tier=True)
+        else:
+            self.tiers.check(directive)
+
     def apply_directive(self, directive: Directive) -> int:
         """Apply one cache directive; blocks (or pages) it touched.  Raises ``DirectiveError``,
-        changing nothing, for one this engine cannot take."""
+        changing nothing, for one this engine cannot take (``check_directive``)."""
+        self.check_directive(directive)
         if directive.kind == "pre_prefill":
-            if not directive.token_ids:
-                raise DirectiveError("pre_prefill needs token_ids")
             lineage = Lineage(directive.namespace or "", directive.workflow_id, directive.agent_id)
             self.pre_prefill(directive.namespace, directive.token_ids, lineage if directive.namespace else None)
             return len(directive.token_ids) // self.config.block_size
-        if self.tiers is None:
-            raise DirectiveError("this worker has no KV tiers (its host cache size is 0)")
+        assert self.tiers is not None
         return self.tiers.apply(directive, self.clock())
 
     def drain_kv_events(self) -> list[KvEvent]:

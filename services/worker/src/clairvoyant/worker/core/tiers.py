@@ -121,7 +121,12 @@ class Directive:
 
 
 class DirectiveError(ValueError):
-    """A directive this engine cannot take as given; nothing changed."""
+    """A directive this engine cannot take as given; nothing changed.  ``missing_tier``: refused
+    for want of a tier (no tiers, or no L3), not for how it was written."""
+
+    def __init__(self, message: str, *, missing_tier: bool = False) -> None:
+        super().__init__(message)
+        self.missing_tier = missing_tier
 
 
 class Executor(Protocol):
@@ -600,27 +605,38 @@ class KvTiers:
         return self._next_job
 
     # ---- directives ----------------------------------------------------------------------------
-    def apply(self, directive: Directive, now: float) -> int:
-        """Apply a directive other than pre-prefill (the engine's); blocks it touched (or pages
-        asked for).  Raises ``DirectiveError`` (nothing changed) for one that cannot apply."""
+    def check(self, directive: Directive) -> None:
+        """Raise ``DirectiveError`` for a directive other than pre-prefill that ``apply`` would
+        refuse; changes nothing (a batch is checked whole before any of it applies)."""
         kind, tier = directive.kind, directive.target_tier
-        if kind == "drop":
-            return self._drop(directive, tier)
         if kind == "retain":
             if directive.ttl_s is None or not directive.ttl_s > 0:
                 raise DirectiveError("retain needs ttl_s > 0")
             if tier == 3:
                 raise DirectiveError("retain applies to L1 or L2 (L3 keeps pages by its own policy)")
-            return self._retain(2 if tier == 2 else 1, directive, now + directive.ttl_s)
-        if kind == "write_back":
-            if self.l3 is None:
-                raise DirectiveError("write_back needs an L3 store; this worker has none")
-            return sum(self._write_nodes(t, self._select(t, directive), directive.namespace) for t in (1, 2))
-        if kind == "promote":
+        elif kind == "write_back" and self.l3 is None:
+            raise DirectiveError("write_back needs an L3 store; this worker has none", missing_tier=True)
+        elif kind == "promote":
             if tier == 3:
                 raise DirectiveError("promote targets L1 or L2")
-            return self._promote_directive(directive, 2 if tier == 2 else 1, now)
-        raise DirectiveError(f"directive kind {kind!r} is the engine's")
+            if tier == 2 and not directive.token_ids:
+                raise DirectiveError("promote to L2 needs token_ids (L3 pages are found by the prompt's hash chain)")
+        elif kind not in ("drop", "write_back"):
+            raise DirectiveError(f"directive kind {kind!r} is the engine's")
+
+    def apply(self, directive: Directive, now: float) -> int:
+        """Apply a directive other than pre-prefill (the engine's); blocks it touched (or pages
+        asked for).  Raises ``DirectiveError`` (nothing changed) for one that cannot apply."""
+        self.check(directive)
+        kind, tier = directive.kind, directive.target_tier
+        if kind == "drop":
+            return self._drop(directive, tier)
+        if kind == "retain":
+            assert directive.ttl_s is not None
+            return self._retain(2 if tier == 2 else 1, directive, now + directive.ttl_s)
+        if kind == "write_back":
+            return sum(self._write_nodes(t, self._select(t, directive), directive.namespace) for t in (1, 2))
+        return self._promote_directive(directive, 2 if tier == 2 else 1, now)
 
     def _cache(self, tier: int) -> RadixCache:
         cache = (self.l1 if tier == 1 else self.l2).cache
@@ -705,8 +721,6 @@ class KvTiers:
                 in_l2 = len(l2_cache.peek(d.namespace, d.token_ids, whole))
                 count += self._promote(d.namespace, d.token_ids[: in_l2 * bs])
             return count
-        if tier == 2:
-            raise DirectiveError("promote to L2 needs token_ids (L3 pages are found by the prompt's hash chain)")
         promoted = 0
         selected = self._select(2, d)
         leaves = {id(n) for n in selected} - {id(n.parent) for n in selected}
