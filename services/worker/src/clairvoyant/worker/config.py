@@ -10,9 +10,9 @@ from pydantic import Field, field_validator, model_validator
 
 from clairvoyant.core.config import ServiceSettings
 from clairvoyant.core.logs import mask_url
+from clairvoyant.worker.l3 import L3_BACKENDS
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
-L3_SCHEMES = ("file", "redis", "mooncake", "memory")  # clairvoyant.worker.l3 opens them
 
 
 class WorkerSettings(ServiceSettings):
@@ -49,8 +49,8 @@ class WorkerSettings(ServiceSettings):
     @field_validator("l3_url")
     @classmethod
     def _known_l3_scheme(cls, url: str) -> str:
-        if url and urlsplit(url).scheme not in L3_SCHEMES:
-            schemes = ", ".join(f"{scheme}://" for scheme in L3_SCHEMES)
+        if url and urlsplit(url).scheme not in L3_BACKENDS:
+            schemes = ", ".join(f"{scheme}://" for scheme in L3_BACKENDS.names())
             raise ValueError(f"CV_L3_URL must start with one of {schemes}; got {mask_url(url)!r}")
         return url
 
