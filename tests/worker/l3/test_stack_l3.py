@@ -92,3 +92,13 @@ def test_the_stack_runs_a_master_its_workers_can_use_and_stops_it(
         stack.stop()
     assert master.process is not None and master.process.returncode is not None
     assert not port_open("127.0.0.1", master.rpc_port)
+
+
+def test_the_stacks_workers_get_the_embedded_file_l3_unless_told_otherwise(tmp_path: Path) -> None:
+    from clairvoyant.stack.launcher import DEFAULT_L3_GB, default_l3_url
+
+    assert default_l3_url({}, tmp_path) == f"file://{(tmp_path / 'l3').resolve()}?max_gb={DEFAULT_L3_GB}"
+    assert default_l3_url({"CV_L3_URL": "redis://127.0.0.1:6379/0"}, tmp_path) == "redis://127.0.0.1:6379/0"
+    assert default_l3_url({"CV_L3_URL": ""}, tmp_path) == ""  # set and empty: no L3
+    assert default_l3_url({"CV_HOST_CACHE_RATIO": "0"}, tmp_path) == ""  # no L2 to stage pages through
+    assert default_l3_url({"CV_HOST_CACHE_RATIO": "0", "CV_HOST_CACHE_GB": "1"}, tmp_path).startswith("file://")

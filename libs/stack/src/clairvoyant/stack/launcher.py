@@ -45,6 +45,8 @@ from clairvoyant.stack.natsserver import NatsServer, can_bind, free_port, free_p
 logger = logging.getLogger("clairvoyant.stack")
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+DEFAULT_L3_GB = 4  # the embedded file L3's cap under var/l3
+
 MOONCAKE_MASTER = "mooncake-master"  # the service name of the L3 master the stack may run
 
 
@@ -210,7 +212,7 @@ class Stack:
         base = {**os.environ, **cfg.env, "CV_NATS_URL": self.nats_url, "CV_HOST": "127.0.0.1"}
         base.pop("CV_ADVERTISE_HOST", None)
         self._grpc_tls = GrpcTls.from_settings(ServiceSettings.from_environ(base))  # as the services serve
-        self.start_l3(cfg.worker_env.get("CV_L3_URL", base.get("CV_L3_URL", "")))
+        self.start_l3(default_l3_url({**base, **cfg.worker_env}, cfg.var_dir))
         scheduler_env = {"CV_SCHEDULER_PORT": str(scheduler_port),
                          "CV_METRICS_PORT": str(_pick(cfg.scheduler_metrics_port, "scheduler metrics"))}
         if cfg.policy:
@@ -460,3 +462,12 @@ def main(argv: list[str] | None = None, config: StackConfig | None = None) -> in
     stack.stop()
     return 0
 
+
+def default_l3_url(env: dict[str, str], var_dir: Path) -> str:
+    """The workers' L3: ``CV_L3_URL`` when set (empty: none); otherwise the embedded default, a
+    directory under ``var_dir`` capped at ``DEFAULT_L3_GB``, unless the workers have no L2 to stage
+    its pages through (``CV_HOST_CACHE_RATIO=0`` and no ``CV_HOST_CACHE_GB``)."""
+    if "CV_L3_URL" in env:
+        return env["CV_L3_URL"]
+    no_l2 = float(env.get("CV_HOST_CACHE_RATIO", "2") or 0) == 0 and float(env.get("CV_HOST_CACHE_GB", "0") or 0) == 0
+    return "" if no_l2 else f"file://{(var_dir / 'l3').resolve()}?max_gb={DEFAULT_L3_GB}"
