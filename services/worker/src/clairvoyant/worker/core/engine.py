@@ -370,6 +370,8 @@ class LLMEngine:
             new_tokens.append(tokens)
             finished.append(seq.num_output_tokens >= seq.params.max_tokens)
         replay_block_events(run, num_steps, self.kv, finished, self._finish_by_length)
+        if self.tiers is not None:
+            self.tiers.after_step(run.seqs)
         runner.account_steps(run.step_seconds[:num_steps])
         self._generated_tokens_total += num_steps * len(run.seqs)
         self.last_schedule = SchedulerOutput()

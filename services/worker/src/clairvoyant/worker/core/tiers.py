@@ -249,6 +249,7 @@ class KvTiers:
         self._in_l3: OrderedDict[tuple[Namespace, int], None] = OrderedDict()
         self._admission_hits: dict[int, tuple[int, int]] = {}  # seq id -> (promoted, of which from L3)
         self._staged: dict[int, int] = {}  # seq id -> blocks its fetch staged into L2
+        self._written_upto: dict[int, int] = {}  # seq id -> its leading cached blocks written through
 
     # ---- L1 eviction -> L2 ---------------------------------------------------------------------
     def _on_l1_evict(self, node: RadixNode) -> None:
@@ -482,8 +483,15 @@ class KvTiers:
         """``write_through``: put the blocks the step's sequences cached in L1."""
         if self.l3 is None or self.config.write_policy != "write_through":
             return
+        written = self._written_upto
         for seq in seqs:
-            self._write_l1_blocks(seq.namespace, seq.block_table[: seq.num_cached_blocks])
+            if seq.is_finished:
+                written.pop(seq.seq_id, None)
+                continue
+            done, cached = written.get(seq.seq_id, 0), seq.num_cached_blocks
+            if cached > done:  # blocks before ``done`` are in L3 (or on their way) already
+                self._write_l1_blocks(seq.namespace, seq.block_table[done:cached])
+                written[seq.seq_id] = cached
 
     def _write_l1_blocks(self, namespace: Namespace, blocks: Sequence[int]) -> None:
         """Put the cached L1 ``blocks`` (a path from the root) that L3 does not have yet."""
@@ -582,6 +590,7 @@ class KvTiers:
             self._prefetches[self._job_id()] = fetch
         self._staged.pop(seq.seq_id, None)
         self._admission_hits.pop(seq.seq_id, None)
+        self._written_upto.pop(seq.seq_id, None)
 
     def _result(self, future: Future[Any], failed: Any) -> Any:
         if future.cancelled():
