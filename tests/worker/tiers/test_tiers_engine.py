@@ -72,3 +72,18 @@ def test_tenants_do_not_share_l3_pages() -> None:
     run(engine(l3=store), request("a", SHARED + [1]))
     _, cached = run(engine(l3=store), request("b", SHARED + [1], tenant="globex"))
     assert cached == 0
+
+
+def test_a_request_that_ends_in_its_prefill_step_is_written_through() -> None:
+    store = MemoryL3()
+    run(engine(l3=store), request("a", SHARED + [1], max_tokens=1))
+    assert len(store) == 5
+
+
+def test_a_path_longer_than_l2_leaves_its_head_there() -> None:
+    e = engine(host_blocks=3)
+    run(e, request("a", SHARED + [9]))
+    run(e, request("b", OTHER))  # evicts the 5-block path; L2 holds 3 blocks
+    _, cached = run(e, request("c", SHARED + [1, 2, 3]))
+    l1, l2, _ = e.stats().hit_tokens
+    assert 0 < l2 <= 3 * BS and cached == l1 + l2

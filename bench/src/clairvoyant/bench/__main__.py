@@ -13,13 +13,16 @@ from pathlib import Path
 
 # Imported for their registrations in BENCHMARKS.
 from clairvoyant.bench import (  # noqa: F401
+    cache_tiers,
     cli_experiment,
     decision_cost,
     engine_throughput,
     gateway_breakdown,
     gateway_overhead,
+    kv_swap,
     prefix_ttft,
     profiler_ingest,
+    reinvoked_agent,
     sim_speed,
     soak,
     sweep,

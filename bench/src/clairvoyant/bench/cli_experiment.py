@@ -30,11 +30,15 @@ from clairvoyant.bench.arrivals import parse_arrivals
 from clairvoyant.bench.common import RunBars, progress
 from clairvoyant.bench.experiment import (
     ANNOTATORS,
+    L3_KINDS,
     SCALING_KEYS,
+    TIER_KEYS,
     ExperimentConfig,
     check_scaling,
+    check_tiers,
     compare,
     scale_compare,
+    tiers_on,
 )
 from clairvoyant.bench.live import validate  # noqa: F401  (registers the sim-vs-live benchmark)
 from clairvoyant.bench.live.cluster import LiveModeError
@@ -42,6 +46,7 @@ from clairvoyant.bench.live.run import DEFAULT_BASE_URL, DEFAULT_SCHEDULER, Live
 from clairvoyant.bench.parallel import default_jobs
 from clairvoyant.bench.workloads import WorkloadDataError, list_workloads
 from clairvoyant.policy import PRESETS, SCALING_POLICIES
+from clairvoyant.worker.core.tiers import WRITE_POLICIES
 
 COMMANDS = ("run", "compare", "merge", "matrix-report")
 BASELINE = "vllm-prodstack"  # what the matrix report's ratios are against
@@ -108,6 +113,7 @@ def add_parsers(commands: Any) -> None:
                                   "the run starts from --gpus' fixed placement trimmed to it")  # fmt: skip
         scaling.add_argument("--scale-interval", type=float, default=5.0, metavar="S",
                              help="with scaling: virtual seconds between the policy's ticks")
+        add_tier_arguments(sub.add_argument_group("KV tiers (sim)"))
         sub.add_argument("--out", type=Path, required=True, help="results JSON")
         live = sub.add_argument_group("live mode")
         live.add_argument("--base-url", default=DEFAULT_BASE_URL, help="the gateway's OpenAI API")
@@ -117,6 +123,24 @@ def add_parsers(commands: Any) -> None:
         live.add_argument("--scheduler", default=DEFAULT_SCHEDULER,
                           help="the scheduler's gRPC address, to read the policy it runs; 'none' takes --policy on trust")
     add_report_parsers(commands)
+
+
+def add_tier_arguments(group: Any) -> None:
+    """--host-cache, --l3, --l3-capacity-gb and --l3-write-policy (``ExperimentConfig``'s tier keys)."""
+    group.add_argument("--host-cache", default="0", metavar="GB|auto",
+                       help="an L2 host KV pool per replica: 0 (none, the default), auto (half the GPU's share "
+                            "of the node's DRAM) or GB per GPU")  # fmt: skip
+    group.add_argument("--l3", choices=L3_KINDS, default="none",
+                       help="memory: one shared L3 store for all replicas (needs --host-cache)")
+    group.add_argument("--l3-capacity-gb", type=float, default=1000.0, metavar="GB", help="the L3 store's capacity")
+    group.add_argument("--l3-write-policy", choices=WRITE_POLICIES, default="write_through",
+                       help="when blocks are written to L3")
+
+
+def tier_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The tier keys of ``ExperimentConfig`` from ``add_tier_arguments``' options."""
+    return {"host_cache": args.host_cache, "l3": args.l3, "l3_capacity_gb": args.l3_capacity_gb,
+            "l3_write_policy": args.l3_write_policy}  # fmt: skip
 
 
 def add_report_parsers(commands: Any) -> None:
@@ -136,7 +160,8 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """One compare result holding every part's presets; raises ValueError if the parts' configs
     (hence instances) differ or a preset appears twice."""
     # Older files lack newer keys; the scaling keys are in a file only when it scaled.
-    defaults = {f.name: f.default for f in dataclasses.fields(ExperimentConfig) if f.name not in SCALING_KEYS}
+    defaults = {f.name: f.default for f in dataclasses.fields(ExperimentConfig)
+                if f.name not in SCALING_KEYS + TIER_KEYS}  # fmt: skip
     parts = [{**part, "config": {**defaults, **part["config"]}} for part in parts]  # older files lack newer keys
     first = parts[0]
     merged = {**first, "policies": dict(first["policies"]), "wall_seconds": sum(p["wall_seconds"] for p in parts)}
@@ -230,7 +255,14 @@ def run_command(args: argparse.Namespace) -> int:
         rate=args.rate, concurrency=args.concurrency, arrivals=args.arrivals, seed=args.seed,
         block_size=args.block_size, annotations=args.annotations, warmup_workflows=args.warmup_workflows,
         scaling=args.scaling, gpu_budget=args.gpu_budget, scale_interval_s=args.scale_interval,
+        **tier_config(args),
     )  # fmt: skip
+    try:
+        check_tiers(config)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    if args.mode == "live" and (tiers_on(config) or args.l3 != "none"):
+        raise SystemExit("error: --host-cache and --l3 apply to --mode sim; live workers have their own settings")
     for each in [dataclasses.replace(config, scaling=name) for name in scalings] or [config]:
         try:
             check_scaling(each)
@@ -287,8 +319,26 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"| {policy} | " + " | ".join(f"{values[k]:.3g}" if k in values else "-" for k in shown) + " |")
     if scalings or config.scaling is not None:
         print(scaling_table(result))
+    if tiers_on(config):
+        print(tier_table(result))
     progress(f"saved {args.out}")
     return 0
+
+
+def tier_table(result: dict[str, Any]) -> str:
+    """Markdown: per entry, the hit ratio by tier and the prefill tokens saved (``kv_tiers``)."""
+    lines = ["| entry | hit L1 | hit L2 | hit L3 | prefill tokens saved | demoted blocks | promoted blocks |",
+             "|---" + "|---:" * 6 + "|"]  # fmt: skip
+    for name, metrics in result["policies"].items():
+        tiers = metrics.get("kv_tiers")
+        if tiers is None:
+            continue
+        ratio = tiers["hit_ratio"]
+        lines.append(
+            f"| {name} | {ratio['l1']:.3f} | {ratio['l2']:.3f} | {ratio['l3']:.3f} | {tiers['prefill_tokens_saved']:,} "
+            f"| {tiers['demoted_blocks']:,} | {tiers['promoted_blocks']:,} |"
+        )
+    return "\n".join(lines)
 
 
 def scaling_table(result: dict[str, Any]) -> str:

@@ -19,6 +19,12 @@ of ``warmup_workflows`` workflows (same workload and arrival process, other seed
 under fcfs-rr) and then online, or the generator's ground truth (sim/annotations.py).  ``compare``
 trains the profiler once and gives every preset its own copy of the trained state, so each preset
 starts from the same profile, as if each had run its own identical warm-up.
+
+KV tiers (``host_cache``, ``l3``; off by default, and then absent from a results file's config):
+each replica gets an L2 host pool of ``host_cache`` (``auto``: half its GPU's share of the node's
+DRAM, ``EmulatedRunner.default_num_host_blocks``; else GB per GPU), and with ``l3 = "memory"`` all
+replicas of a run share one ``MemoryL3`` of ``l3_capacity_gb``, counted in pages of the largest
+served model (a whole replica's KV of one block), so the store never holds more than that.
 """
 
 from __future__ import annotations
@@ -42,6 +48,9 @@ from clairvoyant.bench.sim.simulator import Annotator, ReplicaSpec, SimProgress,
 from clairvoyant.bench.workloads import Workload, get_workload
 from clairvoyant.policy.scaling import SCALING_POLICIES, ModelProfile
 from clairvoyant.worker.core.engine import EngineConfig
+from clairvoyant.worker.core.l3 import L3Store, MemoryL3
+from clairvoyant.worker.core.tiers import WRITE_POLICIES, TierConfig, WritePolicy
+from clairvoyant.worker.costmodel.gpus import GB
 from clairvoyant.worker.runners.emulated import EmulatedRunner
 from clairvoyant.workloads.program import WorkflowProgram
 
@@ -67,9 +76,56 @@ class ExperimentConfig:
     scaling: str | None = None  # a registered scaling policy; None: fixed replicas
     gpu_budget: int | None = None  # scaling: GPUs the replicas may hold at once (None: gpus)
     scale_interval_s: float = 5.0  # scaling: virtual seconds between the policy's ticks
+    host_cache: str = "0"  # L2 per replica: "0" (none), "auto", or GB per GPU
+    l3: str = "none"  # none | memory (one store shared by the run's replicas; needs an L2)
+    l3_capacity_gb: float = 1000.0  # the shared store's capacity
+    l3_write_policy: WritePolicy = "write_through"
 
 
 SCALING_KEYS = ("scaling", "gpu_budget", "scale_interval_s")  # in a results file only with scaling on
+TIER_KEYS = ("host_cache", "l3", "l3_capacity_gb", "l3_write_policy")  # only with an L2
+L3_KINDS = ("none", "memory")
+
+
+def tiers_on(config: ExperimentConfig) -> bool:
+    """Whether the replicas have an L2 (and so the run's config has the tier keys)."""
+    return host_cache_gb(config.host_cache) != 0
+
+
+def host_cache_gb(text: str) -> float | None:
+    """``host_cache`` as GB per GPU; None for ``auto``.  ValueError for anything else."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        gb = float(text)
+    except ValueError:
+        raise ValueError(f"host cache must be 'auto' or GB per GPU, got {text!r}") from None
+    if not gb >= 0:
+        raise ValueError(f"host cache must be >= 0 GB, got {text!r}")
+    return gb
+
+
+def check_tiers(config: ExperimentConfig) -> None:
+    """Raise ValueError for a bad host cache size, L3 kind, capacity or write policy."""
+    host_cache_gb(config.host_cache)
+    if config.l3 not in L3_KINDS:
+        raise ValueError(f"unknown l3 {config.l3!r}; choose from {', '.join(L3_KINDS)}")
+    if config.l3 != "none" and not tiers_on(config):
+        raise ValueError("an L3 store needs an L2 host pool: give a host cache size")
+    if not config.l3_capacity_gb > 0:
+        raise ValueError(f"l3 capacity must be > 0 GB, got {config.l3_capacity_gb}")
+    if config.l3_write_policy not in WRITE_POLICIES:
+        raise ValueError(f"unknown L3 write policy {config.l3_write_policy!r}; choose from {', '.join(WRITE_POLICIES)}")
+
+
+def host_blocks(runner: EmulatedRunner, config: ExperimentConfig) -> int:
+    """The L2 pool of a replica over ``runner``, in blocks (0: none)."""
+    if not tiers_on(config):
+        return 0
+    gb = host_cache_gb(config.host_cache)
+    if gb is None:
+        return runner.default_num_host_blocks(config.block_size)
+    return max(1, int(gb * GB // (runner.kv_bytes_per_token() * config.block_size)))
 
 
 def check_scaling(config: ExperimentConfig) -> None:
@@ -102,15 +158,27 @@ def _runner(model: str, gpu: str) -> tuple[EmulatedRunner, int]:
     raise ValueError(f"{model} does not fit 8 x {gpu} with room for a full-context request")
 
 
-def replica_spec(replica_id: str, runner: EmulatedRunner, config: ExperimentConfig) -> ReplicaSpec:
-    """One replica over ``runner``, its engine sized by ``config``."""
+def replica_spec(
+    replica_id: str, runner: EmulatedRunner, config: ExperimentConfig, l3: L3Store | None = None
+) -> ReplicaSpec:
+    """One replica over ``runner``, its engine sized by ``config``; ``l3``: the run's shared store."""
+    tiers = TierConfig(num_host_blocks=host_blocks(runner, config), write_policy=config.l3_write_policy)
     engine = EngineConfig(
         block_size=config.block_size,
         num_blocks=runner.default_num_blocks(config.block_size) or 1024,
         max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens,
+        tiers=tiers,
     )
-    return ReplicaSpec(replica_id, runner, engine)
+    return ReplicaSpec(replica_id, runner, engine, l3=l3 if tiers.num_host_blocks else None)
+
+
+def shared_l3(runners: list[EmulatedRunner], config: ExperimentConfig) -> L3Store | None:
+    """The run's L3 store (None without one), in pages of the largest served model's block."""
+    if config.l3 == "none" or not runners:
+        return None
+    page_bytes = max(runner.cost.kv_bytes(config.block_size) for runner in runners)
+    return MemoryL3(capacity_pages=max(1, int(config.l3_capacity_gb * GB // page_bytes)))
 
 
 def build_cluster(workload: Workload, config: ExperimentConfig) -> tuple[list[ReplicaSpec], dict[str, ServiceTime]]:
@@ -123,12 +191,13 @@ def build_cluster(workload: Workload, config: ExperimentConfig) -> tuple[list[Re
         counts = fitting_counts(counts, {m: tp for m, (_, tp) in probes.items()}, budget_of(config))
     replicas: list[ReplicaSpec] = []
     service: dict[str, ServiceTime] = {}
+    l3 = shared_l3([runner for runner, _ in probes.values()], config)
     for model in models:
         probe = probes[model][0]
         service[model] = RooflineServiceTime(probe.cost)
         for i in range(counts[model]):
             runner = probe if i == 0 else _runner(model, config.gpu)[0]
-            replicas.append(replica_spec(f"{model}-{i}", runner, config))
+            replicas.append(replica_spec(f"{model}-{i}", runner, config, l3))
     return replicas, service
 
 
@@ -163,12 +232,14 @@ def agent_models(workload: Workload, config: ExperimentConfig) -> dict[tuple[str
     return found
 
 
-def _autoscaler(simulator: Simulator, workload: Workload, config: ExperimentConfig) -> SimAutoscaler:
+def _autoscaler(
+    simulator: Simulator, workload: Workload, config: ExperimentConfig, l3: L3Store | None
+) -> SimAutoscaler:
     assert config.scaling is not None
     profiles = model_profiles(workload, config)
 
     def new_replica(model: str, replica_id: str) -> ReplicaSpec:
-        return replica_spec(replica_id, _runner(model, config.gpu)[0], config)
+        return replica_spec(replica_id, _runner(model, config.gpu)[0], config, l3)
 
     return SimAutoscaler(
         simulator, SCALING_POLICIES.create(config.scaling), profiles, budget_of(config), new_replica,
@@ -240,6 +311,7 @@ def run_sim(
     if config.annotations not in ANNOTATORS:
         raise ValueError(f"unknown annotations {config.annotations!r}; choose from {sorted(ANNOTATORS)}")
     check_scaling(config)
+    check_tiers(config)
     replicas, service = build_cluster(workload, config)
     arrivals, backlog = instance(workload, config)
     if annotator is None:
@@ -248,7 +320,8 @@ def run_sim(
         annotator = copy.deepcopy(annotator)
     started = time.perf_counter()
     simulator = Simulator(replicas, policy, seed=config.seed, service_times=service, annotator=annotator)
-    autoscaler = _autoscaler(simulator, workload, config) if config.scaling is not None else None
+    l3 = next((spec.l3 for spec in replicas), None)
+    autoscaler = _autoscaler(simulator, workload, config, l3) if config.scaling is not None else None
     records = simulator.run(arrivals, backlog=backlog, progress=progress)
     result = summarize(records)
     result["virtual_seconds"] = records.duration_s
@@ -275,6 +348,7 @@ def compare(
     depend on it), ``on_progress`` called with (index in ``policies``, where that run stands).
     The live counterpart is ``live.run.compare_live``."""
     check_scaling(config)
+    check_tiers(config)
     started = time.perf_counter()
     prepared = make_annotator(config)
     tasks = [SimTask(config, policy, prepared, run_sim) for policy in policies]
@@ -295,9 +369,10 @@ def compare_result(config: ExperimentConfig, mode: str, results: dict[str, Any],
 
 
 def config_dict(config: ExperimentConfig) -> dict[str, Any]:
-    """The config as a results file holds it: without the scaling keys when scaling is off (the
-    files of fixed-cluster runs read as they always have)."""
-    return {k: v for k, v in vars(config).items() if config.scaling is not None or k not in SCALING_KEYS}
+    """The config as a results file holds it: without the scaling keys when scaling is off, nor
+    the tier keys when there is no L2 (the files of earlier runs read as they always have)."""
+    left_out = (() if config.scaling is not None else SCALING_KEYS) + (() if tiers_on(config) else TIER_KEYS)
+    return {k: v for k, v in vars(config).items() if k not in left_out}
 
 
 def scale_compare(

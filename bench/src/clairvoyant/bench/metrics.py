@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from clairvoyant.bench.records import RunRecords
+from clairvoyant.bench.records import KvTierTotals, RunRecords
 
 SLO_MULTIPLES = (2.0, 5.0, 10.0)
 
@@ -46,7 +46,7 @@ def summarize(records: RunRecords) -> dict[str, Any]:
             queue[c.model].append(c.queue_s)
     avg_jct = float(np.mean(jcts)) if jcts else 0.0
     avg_bound = float(np.mean(bounds)) if bounds else 0.0
-    return {
+    summary: dict[str, Any] = {
         "workflows": len(done),
         "calls": len(calls),
         "rejected_calls": rejected,  # refused by a replica (e.g. over the context window); not in "calls"
@@ -72,6 +72,25 @@ def summarize(records: RunRecords) -> dict[str, Any]:
             for k in SLO_MULTIPLES
         },
         "duration_s": records.duration_s,
+    }
+    if records.kv_tiers is not None:
+        summary["kv_tiers"] = kv_tier_metrics(records.kv_tiers)
+    return summary
+
+
+def kv_tier_metrics(totals: KvTierTotals) -> dict[str, Any]:
+    """The engines' hit ratio by tier (prompt tokens served from L1, L2, L3 over the prompt tokens
+    they took), the prefill tokens saved and the tier traffic in blocks."""
+    prompt = totals.prompt_tokens
+    return {
+        "hit_ratio": {f"l{tier}": hits / prompt if prompt else 0.0 for tier, hits in enumerate(totals.hit_tokens, 1)},
+        "hit_tokens": {f"l{tier}": hits for tier, hits in enumerate(totals.hit_tokens, 1)},
+        "prompt_tokens": prompt,
+        "prefill_tokens_saved": totals.prefill_tokens_saved,
+        "demoted_blocks": totals.demoted_blocks,
+        "promoted_blocks": totals.promoted_blocks,
+        "l3_written_blocks": totals.l3_written_blocks,
+        "l3_fetched_blocks": totals.l3_fetched_blocks,
     }
 
 

@@ -50,6 +50,35 @@ class WorkflowRecord:
         return self.end_time - self.arrival_time
 
 
+@dataclass(frozen=True)
+class KvTierTotals:
+    """The engines' KV tier counters (``EngineStats``), summed over a run's replicas.
+
+    Hits are counted at each admission (a preempted call admitted again counts again), so the hit
+    ratios are of ``prompt_tokens`` as the engines saw them, not of the calls' prompts.
+    """
+
+    prompt_tokens: int = 0  # prompt tokens of every request the engines took
+    hit_tokens: tuple[int, int, int] = (0, 0, 0)  # prompt tokens served from L1, L2, L3
+    prefill_tokens_saved: int = 0  # prompt tokens served from a cache, not recomputed (any tier)
+    demoted_blocks: int = 0  # L1 -> L2
+    promoted_blocks: int = 0  # L2 -> L1
+    l3_written_blocks: int = 0
+    l3_fetched_blocks: int = 0
+
+    def __add__(self, other: KvTierTotals) -> KvTierTotals:
+        l1, l2, l3 = (a + b for a, b in zip(self.hit_tokens, other.hit_tokens, strict=True))
+        return KvTierTotals(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            hit_tokens=(l1, l2, l3),
+            prefill_tokens_saved=self.prefill_tokens_saved + other.prefill_tokens_saved,
+            demoted_blocks=self.demoted_blocks + other.demoted_blocks,
+            promoted_blocks=self.promoted_blocks + other.promoted_blocks,
+            l3_written_blocks=self.l3_written_blocks + other.l3_written_blocks,
+            l3_fetched_blocks=self.l3_fetched_blocks + other.l3_fetched_blocks,
+        )
+
+
 @dataclass
 class RunRecords:
     calls: list[CallResult] = field(default_factory=list)
@@ -57,4 +86,5 @@ class RunRecords:
     queue_depth: list[tuple[float, str, int]] = field(default_factory=list)  # (time, model, depth) on change
     preemptions: int = 0
     cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)
+    kv_tiers: KvTierTotals | None = None  # the engines' tier counters (simulated runs; live: None)
     duration_s: float = 0.0  # first arrival to last completion (virtual or wall seconds)

@@ -20,10 +20,13 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from clairvoyant.bench.records import KvTierTotals
 from clairvoyant.bench.sim.events import EventQueue, Phase
 from clairvoyant.scheduler.core import WorkerReport
 from clairvoyant.worker.core.engine import DecodeRun, EngineConfig, LLMEngine, RequestOutput
 from clairvoyant.worker.core.kv_transfer import KvPrefix, import_prefix
+from clairvoyant.worker.core.l3 import L3Store
+from clairvoyant.worker.core.tiers import InlineExecutor
 from clairvoyant.worker.runners.base import ModelRunner
 
 TENANT = "default"  # every simulated call's tenant, and so its KV's in the replicas' caches
@@ -41,6 +44,7 @@ class ReplicaSpec:
     worker_id: str
     runner: SteppedRunner
     config: EngineConfig
+    l3: L3Store | None = None  # the shared store (needs ``config.tiers.num_host_blocks``); one per run
 
 
 class DecodeRunInFlight:
@@ -60,7 +64,9 @@ class Replica:
         self.worker_id = spec.worker_id
         self.runner = spec.runner
         self.model = spec.runner.info.name
-        self.engine = LLMEngine(spec.runner, spec.config, clock=clock)
+        # L3 jobs run inline (done at once, deterministic); the runner charges their modelled time.
+        executor = InlineExecutor() if spec.l3 is not None else None
+        self.engine = LLMEngine(spec.runner, spec.config, clock=clock, l3=spec.l3, executor=executor)
         self.busy = False
         self.run: DecodeRunInFlight | None = None
         self.imports: list[KvPrefix] = []  # arrived during a run: cached once its step in flight commits
@@ -75,6 +81,16 @@ class Replica:
             kv_blocks_used=used, kv_blocks_total=stats.kv_blocks_total,
             max_model_len=self.runner.info.max_model_len, preemptions_total=stats.preemptions_total,
             block_size=self.engine.config.block_size,
+        )  # fmt: skip
+
+    def tier_totals(self) -> KvTierTotals:
+        """This replica's KV tier counters so far (L1 alone: every hit is an L1 hit)."""
+        stats = self.engine.stats()
+        return KvTierTotals(
+            prompt_tokens=stats.prompt_tokens_total, hit_tokens=stats.hit_tokens,
+            prefill_tokens_saved=stats.cached_prompt_tokens_total, demoted_blocks=stats.demoted_blocks_total,
+            promoted_blocks=stats.promoted_blocks_total, l3_written_blocks=stats.l3_written_blocks_total,
+            l3_fetched_blocks=stats.l3_fetched_blocks_total,
         )  # fmt: skip
 
 

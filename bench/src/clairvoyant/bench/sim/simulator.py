@@ -20,7 +20,7 @@ from typing import NamedTuple, Protocol
 
 import torch
 
-from clairvoyant.bench.records import CallResult, RunRecords
+from clairvoyant.bench.records import CallResult, KvTierTotals, RunRecords
 from clairvoyant.bench.sim.events import EventQueue, Phase
 from clairvoyant.bench.sim.kv_migration import KvMigrations, Migration
 from clairvoyant.bench.sim.lower_bound import ServiceTime, lower_bound
@@ -149,6 +149,7 @@ class Simulator:
         self._submitted = False  # a call joined the global queue since depths were last recorded
         self._ticker: Ticker | None = None
         self._removed_preemptions = 0  # of replicas that have left the run
+        self._removed_tiers = KvTierTotals()  # their KV tier counters
         for replica in self.replicas.values():
             self.scheduler.update_worker(replica.report(), 0.0)
 
@@ -181,7 +182,9 @@ class Simulator:
         self.advance(until, progress)
         preemptions = sum(r.engine.stats().preemptions_total for r in self.replicas.values())
         preemptions += self._removed_preemptions
-        return self._recorder.assemble(self.events.now, preemptions, partial=until is not None)
+        records = self._recorder.assemble(self.events.now, preemptions, partial=until is not None)
+        records.kv_tiers = sum((r.tier_totals() for r in self.replicas.values()), self._removed_tiers)
+        return records
 
     def progress(self) -> SimProgress:
         return SimProgress(self.events.now, self._workflows_done, self._workflows_total)
@@ -306,6 +309,7 @@ class Simulator:
             raise ValueError(f"replica {worker_id!r} is not idle ({len(held)} calls placed on it)")
         del self.replicas[worker_id]
         self._removed_preemptions += replica.engine.stats().preemptions_total
+        self._removed_tiers += replica.tier_totals()
         self.scheduler.remove_worker(worker_id)
 
     # ---- workflows and the global scheduler ----------------------------------------------------

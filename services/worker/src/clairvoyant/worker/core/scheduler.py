@@ -105,6 +105,8 @@ class Scheduler:
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
             self.kv.cache_computed_blocks(seq)
+            if self.tiers is not None:
+                self.tiers.before_free(seq)
             self.kv.free(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)

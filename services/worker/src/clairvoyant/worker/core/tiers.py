@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
 from clairvoyant.core.blockhash import chain_hashes
-from clairvoyant.worker.core.block_manager import BlockManager
+from clairvoyant.worker.core.block_manager import BlockManager, PrefixReservation
 from clairvoyant.worker.core.l3 import L3Store, decode_page, encode_page, page_key
 from clairvoyant.worker.core.radix_cache import BlockTag, Namespace, RadixCache, RadixNode
 from clairvoyant.worker.core.sequence import Sequence as Seq
@@ -273,18 +273,34 @@ class KvTiers:
         for namespace, tokens, device_blocks, tags in demotions:
             self._stage_path(namespace, tokens, device_blocks, tags)
 
+    def _reserve_head(self, namespace: Namespace, tokens: Sequence[int]) -> PrefixReservation | None:
+        """``l2.reserve_prefix`` of the longest head of ``tokens`` (whole blocks) that L2 has room
+        for: all of it when it fits, else halving until it does (a path longer than L2 still
+        leaves its head there); None when not even one block fits."""
+        bs = self.block_size
+        blocks = len(tokens) // bs
+        while blocks > 0:
+            reservation = self.l2.reserve_prefix(namespace, tokens[: blocks * bs])
+            if reservation is not None:
+                return reservation
+            blocks //= 2
+        return None
+
     def _stage_path(
         self, namespace: Namespace, tokens: list[int], device_blocks: Sequence[int], tags: Sequence[BlockTag | None]
     ) -> int:
-        """Make a whole L1 path resident in L2 (copy the blocks L2 lacks); blocks copied."""
-        reservation = self.l2.reserve_prefix(namespace, tokens)
+        """Make an L1 path resident in L2 (copy the blocks L2 lacks; only its head when the whole
+        path does not fit); blocks copied."""
+        reservation = self._reserve_head(namespace, tokens)
         if reservation is None:
             return 0  # every host block is pinned: the path is recomputed when needed
+        device_blocks = device_blocks[: len(reservation.block_table)]
         first = len(reservation.cached)
         if reservation.new:
             self.runner.offload(device_blocks[first:], reservation.new)
             self.counters.demoted_blocks += len(reservation.new)
-        self.l2.commit_prefix(reservation, [tag or BlockTag(None, "prompt") for tag in tags[first:]])
+        tags = tags[first : len(reservation.block_table)]
+        self.l2.commit_prefix(reservation, [tag or BlockTag(None, "prompt") for tag in tags])
         return len(reservation.new)
 
     def keep_on_evict(self, blocks: Iterable[int], keep: bool) -> None:
@@ -453,9 +469,12 @@ class KvTiers:
         l1_cache = self.l1.cache
         assert l1_cache is not None
         device_head = l1_cache.peek(fetch.namespace, tokens, first)
-        reservation = self.l2.reserve_prefix(fetch.namespace, tokens)
-        if reservation is None:
+        reservation = self._reserve_head(fetch.namespace, tokens)
+        if reservation is None or len(reservation.block_table) <= first:
+            if reservation is not None:
+                self.l2.release_prefix(reservation)
             return 0
+        kvs = kvs[: len(reservation.block_table) - first]
         have = len(reservation.cached)
         if have < first and len(device_head) < first:  # the head is in neither tier any more
             self.l2.release_prefix(reservation)
@@ -492,6 +511,13 @@ class KvTiers:
             if cached > done:  # blocks before ``done`` are in L3 (or on their way) already
                 self._write_l1_blocks(seq.namespace, seq.block_table[done:cached])
                 written[seq.seq_id] = cached
+
+    def before_free(self, seq: Seq) -> None:
+        """A finishing sequence is about to let go of its blocks: ``write_through`` puts what it
+        cached since its last write (a request that ends in its prefill step included)."""
+        done = self._written_upto.pop(seq.seq_id, 0)
+        if self.l3 is not None and self.config.write_policy == "write_through" and seq.num_cached_blocks > done:
+            self._write_l1_blocks(seq.namespace, seq.block_table[done : seq.num_cached_blocks])
 
     def _write_l1_blocks(self, namespace: Namespace, blocks: Sequence[int]) -> None:
         """Put the cached L1 ``blocks`` (a path from the root) that L3 does not have yet."""
@@ -530,8 +556,6 @@ class KvTiers:
             self._remember_l3(namespace, h)
         keys = [page_key(self.model, namespace, h) for h in hashes]
         self._writes.append(_Write(namespace, tuple(hashes), self.executor.submit(self.l3.put, keys, pages)))
-        if self._charges is not None:
-            self._charges.charge_l3(len(hashes))
 
     def _remember_l3(self, namespace: Namespace, block_hash: int) -> None:
         known = self._in_l3

@@ -46,8 +46,10 @@ class EmulatedRunner:
     """Implements ``runners.base.ModelRunner``, ``SizesOwnKvPool``, ``FastForwardRunner``,
     ``EmulatesKvTransfer``, ``HoldsHostKv`` and ``ChargesTransfers``.
 
-    Tier transfers move no data: their modelled time (PCIe for L1<->L2, the node's network for
-    L3) is added to the next step, which the engine waits for.
+    Tier transfers move no data: their modelled time is charged to the next step.  Copies between
+    device and host (PCIe) overlap that step's compute layer by layer, as HiCache's load-back
+    does (layer i+1 moves while layer i computes): the step lasts ``max(compute, copies)`` plus
+    one layer's share of the copies.  An L3 fetch (the node's network) is waited for in full.
 
     ``busy_seconds`` sums the predicted time of every step so far; ``last_step_seconds`` and
     ``last_step`` (the roofline terms) describe the latest one.
@@ -118,7 +120,8 @@ class EmulatedRunner:
         self.block_size = 0
         self.num_host_blocks = 0
         self.transfer_seconds = 0.0  # tier transfers so far
-        self._transfer_debt = 0.0  # charged to the next step
+        self._copy_debt = 0.0  # device<->host copies for the next step (overlapped with it)
+        self._wait_debt = 0.0  # L3 fetches for the next step (waited for)
         self.steps = 0
         self.busy_seconds = 0.0
         self.last_step_seconds = 0.0
@@ -158,8 +161,9 @@ class EmulatedRunner:
         if self.num_blocks == 0:
             raise RuntimeError("allocate_kv must be called before forward")
         cost = self.cost.step_cost(BatchItem(len(item.token_ids), item.start_pos) for item in items)
-        seconds = cost.seconds + self._transfer_debt
-        self._transfer_debt = 0.0
+        copies, layers = self._copy_debt, self.cost.model.layers
+        seconds = max(cost.seconds, copies) + copies / layers + self._wait_debt
+        self._copy_debt = self._wait_debt = 0.0
         self.steps += 1
         self.busy_seconds += seconds
         self.last_step_seconds = seconds
@@ -186,18 +190,18 @@ class EmulatedRunner:
     def host_transfer_seconds(self, num_blocks: int) -> float:
         return self.cost.swap_time(self.cost.kv_bytes(num_blocks * self.block_size)) if num_blocks > 0 else 0.0
 
-    def _charge(self, seconds: float) -> None:
-        self._transfer_debt += seconds
+    def offload(self, device_blocks: Sequence[int], host_blocks: Sequence[int]) -> None:
+        seconds = self.host_transfer_seconds(len(device_blocks))
+        self._copy_debt += seconds
         self.transfer_seconds += seconds
 
-    def offload(self, device_blocks: Sequence[int], host_blocks: Sequence[int]) -> None:
-        self._charge(self.host_transfer_seconds(len(device_blocks)))
-
     def load(self, host_blocks: Sequence[int], device_blocks: Sequence[int]) -> None:
-        self._charge(self.host_transfer_seconds(len(host_blocks)))
+        seconds = self.host_transfer_seconds(len(host_blocks))
+        self._copy_debt += seconds
+        self.transfer_seconds += seconds
 
     def device_pages(self, device_blocks: Sequence[int]) -> list[bytes]:
-        self._charge(self.host_transfer_seconds(len(device_blocks)))
+        """Free: a write-through copy runs on its own stream beside the compute (as HiCache's does)."""
         return [b""] * len(device_blocks)
 
     def host_pages(self, host_blocks: Sequence[int]) -> list[bytes]:
@@ -211,9 +215,12 @@ class EmulatedRunner:
         return 0
 
     def charge_l3(self, num_blocks: int) -> None:
-        """An L3 put or get of ``num_blocks`` pages over the node's network (``migration_time``)."""
+        """An L3 fetch of ``num_blocks`` pages over the node's network (``migration_time``), which
+        the request waits for; puts run in the background and cost the step nothing."""
         if num_blocks > 0:
-            self._charge(self.cost.migration_time(num_blocks * self.block_size))
+            seconds = self.cost.migration_time(num_blocks * self.block_size)
+            self._wait_debt += seconds
+            self.transfer_seconds += seconds
 
     # ---- EmulatesKvTransfer: a migrated prefix's modelled time -----------------------------------
     def kv_transfer_seconds(self, num_tokens: int) -> float:
