@@ -110,3 +110,60 @@ def test_missing_data_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[
     err = capsys.readouterr().err
     assert str(tmp_path) in err and "does not exist" in err
     assert not (tmp_path / "x.json").exists()
+
+
+HEADER = (
+    "trace_id,agent_id,agent_type,depth,seq,t_abs_s,in_tokens,out_tokens,n_blocks,think_time_s,"
+    "api_time_s,stop,model,input_types,lcp_prev_blocks,inf_hit_blocks\n"
+)
+SUMMARY = "trace_id,path,bytes,n_calls,n_main_calls,n_subagents,n_sub_calls,duration_s,tool_tokens,system_tokens,models\n"
+
+
+def claude_code_dir(tmp_path: Path, calls: str, summary: str = SUMMARY) -> Path:
+    traces = tmp_path / "data" / "weka_cc_traces"
+    traces.mkdir(parents=True)
+    (traces / "requests_all.csv").write_text(HEADER + calls)
+    (traces / "traces_summary.csv").write_text(summary)
+    return tmp_path / "data"
+
+
+def evaluate(data_dir: Path, out: Path, *extra: str) -> int:
+    return main(["evaluate", "--data", "claude_code", "--data-dir", str(data_dir), "--out", str(out), *extra])
+
+
+def test_trace_errors_name_the_file_the_line_and_the_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A header only: which file holds no calls, said even with --quiet.
+    data = claude_code_dir(tmp_path / "empty", "")
+    assert evaluate(data, tmp_path / "x.json", "--quiet") == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{data / 'weka_cc_traces' / 'requests_all.csv'} holds no calls" in err
+    # A blank in_tokens cell: the file, its line and the trace id.
+    row = "trace_0007,main,main,0,0,0.000,,169,1112,0.0,7.34,tool_use,claude-opus-4-5,text,0,0\n"
+    data = claude_code_dir(tmp_path / "blank", row)
+    calls_file = data / "weka_cc_traces" / "requests_all.csv"
+    assert evaluate(data, tmp_path / "x.json") == 1
+    err = capsys.readouterr().err
+    assert f"{calls_file} line 2, trace_id 'trace_0007': in_tokens is '', expected an integer" in " ".join(err.split())
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_sessions_without_a_summary_row_are_warned_about(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from clairvoyant.workloads.traces import WEKA_SUBAGENT_SYSTEM_TOKENS, load_claude_code_runs
+
+    row = "trace_0009,main,main,0,0,0.000,900,20,56,0.0,1.0,end_turn,claude-opus-4-5,text,0,0\n"
+    data = claude_code_dir(tmp_path, row, SUMMARY + "trace_0001,x,1,1,1,0,0,1.0,10,20,m\n")
+    traces = data / "weka_cc_traces"
+    runs = load_claude_code_runs(str(traces / "requests_all.csv"), str(traces / "traces_summary.csv"))
+    assert [run.run_id for run in runs] == ["trace_0009"]
+    assert f"1 of 1 sessions have no row in {traces / 'traces_summary.csv'}" in caplog.text
+    assert f"gets {WEKA_SUBAGENT_SYSTEM_TOKENS} system tokens" in caplog.text
+
+
+def test_missing_data_under_a_given_directory_names_it_not_the_variable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert evaluate(tmp_path, tmp_path / "x.json", "--quiet") == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"the data directory given ({tmp_path}) does not hold it" in err and "CV_DATA_DIR" not in err

@@ -30,7 +30,10 @@ def require(relative: str, what: str, base: Path | None = None) -> Path:
     """The path of a data file, or ``WorkloadDataError`` naming where it was looked for."""
     path = (base or data_dir()) / relative
     if not path.exists():
-        raise WorkloadDataError(
-            f"{what} needs {path}, which does not exist; point {DATA_DIR_ENV} at the shared data directory"
+        fix = (
+            f"the data directory given ({base}) does not hold it"
+            if base is not None
+            else f"point {DATA_DIR_ENV} at the shared data directory"
         )
+        raise WorkloadDataError(f"{what} needs {path}, which does not exist; {fix}")
     return path

@@ -23,5 +23,10 @@ class WorkloadDataError(WorkloadError, FileNotFoundError):
     """A trace-driven workload or replayed arrival process cannot find its data files."""
 
 
+class TraceFormatError(WorkloadError, ValueError):
+    """A trace file that exists but cannot be read as one: the message names the file, the line
+    and the run (trace or session) it belongs to."""
+
+
 class ProgramError(WorkloadError):
     """A generated ``WorkflowProgram`` breaks an invariant (see ``WorkflowProgram.check_integrity``)."""

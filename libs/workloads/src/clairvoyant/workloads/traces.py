@@ -10,6 +10,7 @@ from the token counts (and, for Claude Code, from the recorded block-hash prefix
 from __future__ import annotations
 
 import csv
+import logging
 import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -21,7 +22,39 @@ import numpy as np
 
 from clairvoyant.workloads.base import AgentStats, ToolStats, Workload, WorkloadStats
 from clairvoyant.workloads.data import require
+from clairvoyant.workloads.errors import TraceFormatError
 from clairvoyant.workloads.program import CallTemplate, TemplateSegment, WorkflowProgram, materialize
+
+logger = logging.getLogger(__name__)
+
+
+def _rows(path: str, run_column: str) -> list[dict[str, str]]:
+    """The CSV's rows, each with ``_where`` ("<file> line N, <run column> X") for error messages."""
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        rows = []
+        for row in reader:
+            row["_where"] = f"{path} line {reader.line_num}, {run_column} {row.get(run_column)!r}"
+            rows.append(row)
+    return rows
+
+
+def _int(row: dict[str, str], column: str, blank: int | None = None) -> int:
+    """``row[column]`` as an integer (``blank`` for an empty cell, when given); ``TraceFormatError``
+    naming the file, line and run otherwise."""
+    value = row.get(column)
+    if value is None:
+        raise TraceFormatError(f"{row['_where']}: no {column!r} column")
+    if value.strip() == "" and blank is not None:
+        return blank
+    try:
+        return int(float(value)) if "." in value else int(value)
+    except ValueError:
+        raise TraceFormatError(f"{row['_where']}: {column} is {value!r}, expected an integer") from None
+
+
+def _no_runs(workload: str, path: Path) -> TraceFormatError:
+    return TraceFormatError(f"the {workload} workload: {path} holds no calls (a header only?)")
 
 
 @dataclass(frozen=True)
@@ -109,10 +142,13 @@ CHATDEV_MODELS = {"gpt-3.5-turbo": "llama-3.1-8b", "gpt-4": "llama-3.1-70b"}
 
 def chatdev(data_dir: Path | None = None, max_tool_latency_s: float | None = None) -> TraceWorkload:
     path = require(CHATDEV_CALLS, "the chatdev workload", data_dir)
+    runs = load_chatdev_runs(str(path))
+    if not runs:
+        raise _no_runs("chatdev", path)
     return TraceWorkload(
         "chatdev",
         "ChatDev software-company runs replayed call by call (roles, phases, lengths, gaps).",
-        load_chatdev_runs(str(path)),
+        runs,
         CHATDEV_MODELS,
         max_tool_latency_s,
     )
@@ -121,12 +157,11 @@ def chatdev(data_dir: Path | None = None, max_tool_latency_s: float | None = Non
 @lru_cache(maxsize=4)
 def load_chatdev_runs(path: str) -> tuple[TraceRun, ...]:
     sessions: dict[str, list[dict[str, str]]] = defaultdict(list)
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            sessions[row["session"]].append(row)
+    for row in _rows(path, "session"):
+        sessions[row["session"]].append(row)
     runs = []
     for session, rows in sorted(sessions.items()):
-        rows.sort(key=lambda r: int(r["call_idx"]))
+        rows.sort(key=lambda r: _int(r, "call_idx"))
         runs.append(TraceRun(session, tuple(_chatdev_calls(rows))))
     return tuple(runs)
 
@@ -135,7 +170,7 @@ def _chatdev_calls(rows: list[dict[str, str]]) -> list[CallTemplate]:
     calls: list[CallTemplate] = []
     for k, row in enumerate(rows):
         agent = _snake(row["speaker"] or row["assistant_role"] or "chatdev_agent")
-        prompt_tokens = max(1, int(row["prompt_tokens"]))
+        prompt_tokens = max(1, _int(row, "prompt_tokens"))
         prompt: list[TemplateSegment] = []
         before = calls[-1] if calls else None
         # Same phase and the prompt holds the previous prompt + reply: the role-play chat goes on.
@@ -164,7 +199,7 @@ def _chatdev_calls(rows: list[dict[str, str]]) -> list[CallTemplate]:
         model = _CHATDEV_MODEL_TYPES.get(row["model_type"], "gpt-3.5-turbo")
         deps = (k - 1,) if k else ()
         calls.append(
-            CallTemplate(agent, model, tuple(prompt), max(1, int(row["completion_tokens"])), deps, tool, gap)
+            CallTemplate(agent, model, tuple(prompt), max(1, _int(row, "completion_tokens")), deps, tool, gap)
         )
     return calls
 
@@ -189,10 +224,13 @@ CLAUDE_MODELS = {
 def claude_code(data_dir: Path | None = None, max_tool_latency_s: float | None = None) -> TraceWorkload:
     calls = require(WEKA_CALLS, "the claude_code workload", data_dir)
     summary = require(WEKA_SUMMARY, "the claude_code workload", data_dir)
+    runs = load_claude_code_runs(str(calls), str(summary))
+    if not runs:
+        raise _no_runs("claude_code", calls)
     return TraceWorkload(
         "claude_code",
         "Claude Code sessions replayed call by call (main agent + sub-agents, think time, prefix reuse).",
-        load_claude_code_runs(str(calls), str(summary)),
+        runs,
         CLAUDE_MODELS,
         max_tool_latency_s,
     )
@@ -206,13 +244,17 @@ def _claude_alias(model: str) -> str:
 @lru_cache(maxsize=4)
 def load_claude_code_runs(calls_path: str, summary_path: str) -> tuple[TraceRun, ...]:
     system: dict[str, int] = {}
-    with open(summary_path, newline="") as f:
-        for row in csv.DictReader(f):
-            system[row["trace_id"]] = int(row["system_tokens"] or 0) + int(row["tool_tokens"] or 0)
+    for row in _rows(summary_path, "trace_id"):
+        system[row["trace_id"]] = _int(row, "system_tokens", 0) + _int(row, "tool_tokens", 0)
     traces: dict[str, list[dict[str, str]]] = defaultdict(list)
-    with open(calls_path, newline="") as f:
-        for row in csv.DictReader(f):
-            traces[row["trace_id"]].append(row)
+    for row in _rows(calls_path, "trace_id"):
+        traces[row["trace_id"]].append(row)
+    missing = sorted(set(traces) - set(system))
+    if missing:
+        logger.warning(
+            "claude_code: %d of %d sessions have no row in %s (e.g. %s); their main agent gets %d system tokens",
+            len(missing), len(traces), summary_path, missing[0], WEKA_SUBAGENT_SYSTEM_TOKENS,
+        )  # fmt: skip
     return tuple(
         TraceRun(trace_id, tuple(_claude_calls(rows, system.get(trace_id, WEKA_SUBAGENT_SYSTEM_TOKENS))))
         for trace_id, rows in sorted(traces.items())
@@ -228,10 +270,10 @@ def _claude_calls(rows: list[dict[str, str]], main_system_tokens: int) -> list[C
         streams[row["agent_id"]].append(row)
     position: dict[tuple[str, int], int] = {}
     for agent_id, stream in streams.items():
-        stream.sort(key=lambda r: int(r["seq"]))
-        position.update({(agent_id, int(r["seq"])): i for i, r in enumerate(stream)})
+        stream.sort(key=lambda r: _int(r, "seq"))
+        position.update({(agent_id, _int(r, "seq")): i for i, r in enumerate(stream)})
     # Emission order: by start time, main before a sub-agent starting in the same second.
-    order = sorted((float(r["t_abs_s"]), r["agent_id"] != "main", int(r["seq"]), r["agent_id"]) for r in rows)
+    order = sorted((float(r["t_abs_s"]), r["agent_id"] != "main", _int(r, "seq"), r["agent_id"]) for r in rows)
     calls: list[CallTemplate] = []
     last_in_stream: dict[str, int] = {}  # agent_id -> index of its latest emitted call
     last_main: int | None = None
@@ -263,7 +305,7 @@ def _claude_calls(rows: list[dict[str, str]], main_system_tokens: int) -> list[C
                 agent,
                 _claude_alias(row["model"]),
                 prompt,
-                max(1, int(row["out_tokens"])),
+                max(1, _int(row, "out_tokens")),
                 tuple(deps),
                 tool,
                 gap,
@@ -280,9 +322,9 @@ def _claude_calls(rows: list[dict[str, str]], main_system_tokens: int) -> list[C
 def _claude_prompt(
     row: dict[str, str], prev: CallTemplate | None, prev_index: int | None, agent: str, system_tokens: int
 ) -> tuple[TemplateSegment, ...]:
-    tokens = max(1, int(row["in_tokens"]))
+    tokens = max(1, _int(row, "in_tokens"))
     prompt: list[TemplateSegment] = []
-    reused = int(row["lcp_prev_blocks"] or 0) * WEKA_BLOCK_TOKENS
+    reused = _int(row, "lcp_prev_blocks", 0) * WEKA_BLOCK_TOKENS
     if prev is not None and prev_index is not None and reused > 0:
         before = prev.prompt_tokens
         if tokens >= before and reused >= before - WEKA_BLOCK_TOKENS:

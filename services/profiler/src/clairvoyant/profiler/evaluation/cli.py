@@ -66,8 +66,8 @@ def main(argv: list[str]) -> int:
                 concurrency=args.concurrency,
                 hash_tokens=args.hash_tokens,
             )
-    except DataError as exc:
-        console.print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+    except DataError as exc:  # said even with --quiet: the run did not happen
+        Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
         return 1
     if len(workflows) < 2:
         parser.error(f"--data {args.data} gave {len(workflows)} workflows; at least 2 are needed")

@@ -47,6 +47,7 @@ from clairvoyant.workloads import (
     get_workload,
     list_workloads,
 )
+from clairvoyant.workloads.errors import TraceFormatError
 
 SERVICE_BASE_S = 0.05
 PREFILL_TOKENS_PER_S = 10_000.0
@@ -165,7 +166,7 @@ def _trace_programs(name: str) -> Callable[[int, int | None, Path | None], list[
     def load(seed: int, limit: int | None, data_dir: Path | None) -> list[WorkflowProgram]:
         try:
             workload = get_workload(name, data_dir=data_dir, max_tool_latency_s=MAX_TOOL_LATENCY_S)
-        except WorkloadDataError as exc:
+        except (WorkloadDataError, TraceFormatError) as exc:
             raise DataError(str(exc)) from exc
         assert isinstance(workload, TraceWorkload)
         runs = workload.runs[:limit] if limit is not None else workload.runs
