@@ -20,17 +20,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from pathlib import Path
 from typing import Any
 
 from clairvoyant.bench.common import (
     BENCHMARKS,
     RESULTS_DIR,
     BenchResult,
-    format_table,
-    load_average,
     progress,
-    report,
+    run_standalone,
 )
 from clairvoyant.bench.experiment import ExperimentConfig, check_tiers, run_sim
 from clairvoyant.bench.parallel import SimTask, default_jobs, run_tasks
@@ -139,20 +136,8 @@ def _kept(metrics: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m clairvoyant.bench.cache_tiers", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR / "cache-tiers", help="JSON and markdown")
-    bench = CacheTiers()
-    bench.add_arguments(parser)
-    args = parser.parse_args(argv)
-    started = load_average()
-    result = bench.run(args)
-    path = report(result, args.out_dir, started)
-    markdown = path.with_suffix(".md")
-    markdown.write_text(format_table(result.columns, result.rows) + "\n\n" + "\n".join(f"- {n}" for n in result.notes) + "\n")
-    progress(f"saved {markdown}")
-    return 0
-
+    return run_standalone(CacheTiers(), argv, prog="python -m clairvoyant.bench.cache_tiers", description=__doc__,
+                          out_dir=RESULTS_DIR / "cache-tiers")  # fmt: skip
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -13,7 +13,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -181,6 +181,36 @@ def rounded(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [rounded(v) for v in value]
     return value
+
+
+def table_and_notes(result: BenchResult) -> str:
+    """The Markdown a standalone benchmark saves beside its JSON: its table, then its notes."""
+    notes = "".join(f"- {note}\n" for note in result.notes)
+    return f"{format_table(result.columns, result.rows)}\n\n{notes}"
+
+
+def run_standalone(
+    bench: Benchmark,
+    argv: list[str] | None,
+    *,
+    prog: str,
+    description: str | None,
+    out_dir: Path,
+    markdown: Callable[[BenchResult], str] = table_and_notes,
+) -> int:
+    """``python -m clairvoyant.bench.<module>``: parse ``bench``'s options (and ``--out-dir``), run it,
+    save ``<out_dir>/<name>.json`` (``report``) and the ``markdown`` of its result beside it."""
+    parser = argparse.ArgumentParser(prog=prog, description=description,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--out-dir", type=Path, default=out_dir, help="where the JSON and markdown go")
+    bench.add_arguments(parser)
+    args = parser.parse_args(argv)
+    started = load_average()
+    result = bench.run(args)
+    path = report(result, args.out_dir, started).with_suffix(".md")
+    path.write_text(markdown(result))
+    progress(f"saved {path}")
+    return 0
 
 
 def report(result: BenchResult, out_dir: Path = RESULTS_DIR, started_load: tuple[float, ...] = ()) -> Path:

@@ -20,7 +20,6 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,9 +29,8 @@ from clairvoyant.bench.common import (
     RESULTS_DIR,
     BenchResult,
     format_table,
-    load_average,
     progress,
-    report,
+    run_standalone,
 )
 from clairvoyant.kernels.kv_pages import (
     copy_pages_loop,
@@ -207,21 +205,8 @@ def markdown(result: BenchResult) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    bench = KvSwap()
-    parser = argparse.ArgumentParser(prog="python -m clairvoyant.bench.kv_swap", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument(
-        "--out-dir", type=Path, default=RESULTS_DIR / "kv-swap", help="where the JSON and .md go"
-    )
-    bench.add_arguments(parser)
-    args = parser.parse_args(argv)
-    started = load_average()
-    result = bench.run(args)
-    path = report(result, args.out_dir, started)
-    path.with_suffix(".md").write_text(markdown(result))
-    print(f"saved {path.with_suffix('.md')}")
-    return 0
-
+    return run_standalone(KvSwap(), argv, prog="python -m clairvoyant.bench.kv_swap", description=__doc__,
+                          out_dir=RESULTS_DIR / "kv-swap", markdown=markdown)  # fmt: skip
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -39,11 +39,9 @@ from clairvoyant.bench.common import (
     BENCHMARKS,
     RESULTS_DIR,
     BenchResult,
-    format_table,
-    load_average,
     median,
     progress,
-    report,
+    run_standalone,
 )
 from clairvoyant.worker.core.engine import EngineConfig, EngineRequest, LLMEngine
 from clairvoyant.worker.core.l3 import L3Store, MemoryL3
@@ -233,20 +231,8 @@ class ReinvokedAgent:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m clairvoyant.bench.reinvoked_agent", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR / "reinvoked-agent", help="JSON and markdown")
-    bench = ReinvokedAgent()
-    bench.add_arguments(parser)
-    args = parser.parse_args(argv)
-    started = load_average()
-    result = bench.run(args)
-    path = report(result, args.out_dir, started)
-    markdown = path.with_suffix(".md")
-    markdown.write_text(format_table(result.columns, result.rows) + "\n\n" + "\n".join(f"- {n}" for n in result.notes) + "\n")
-    progress(f"saved {markdown}")
-    return 0
-
+    return run_standalone(ReinvokedAgent(), argv, prog="python -m clairvoyant.bench.reinvoked_agent",
+                          description=__doc__, out_dir=RESULTS_DIR / "reinvoked-agent")  # fmt: skip
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -473,6 +473,7 @@ class LLMEngine:
         assert live == set(self._seqs) and len(live) == len(running) + len(waiting)
         for seq in running:
             assert seq.num_uncomputed_tokens >= 1, seq
+        assert self.scheduler.num_background == sum(s.background for s in (*running, *waiting))
         tiers = self.tiers
         self.kv.check_integrity([*running, *waiting], tiers.retained_blocks(1) if tiers is not None else ())
         if tiers is not None:

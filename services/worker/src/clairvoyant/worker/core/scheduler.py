@@ -78,10 +78,12 @@ class Scheduler:
         self.preset = ""  # the preset whose rule is installed; "" before any request named one
         self._preset_rules: dict[str, PriorityRule | None] = {}  # built once per preset on this engine
         self.tiers: KvTiers | None = None
+        self.num_background = 0  # live background sequences (pre-prefills), waiting or running
 
     def add(self, seq: Sequence) -> None:
         assert seq.status is SequenceStatus.WAITING and not seq.block_table
         self.waiting.append(seq)
+        self.num_background += seq.background
 
     def follow_preset(self, preset: str) -> bool:
         """Install ``preset``'s rule if another one is installed; True when the rule changed.
@@ -110,6 +112,8 @@ class Scheduler:
             self.kv.free(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
+        if seq.status is not SequenceStatus.FINISHED:
+            self.num_background -= seq.background
         seq.status = SequenceStatus.FINISHED
 
     def urgency(self, seq: Sequence, now: float) -> Urgency:
@@ -124,7 +128,7 @@ class Scheduler:
         waiting = self.waiting
         if tiers is not None:
             waiting = [s for s in waiting if not tiers.holds_back(s, now)]
-        background = [s for s in (*self.running, *waiting) if s.background]
+        background = [s for s in (*self.running, *waiting) if s.background] if self.num_background else []
         if background:
             live = [s for s in (*self.running, *waiting) if not s.background]
             if live:
