@@ -118,7 +118,6 @@ def test_lru_ranks_blocks_in_the_order_the_engines_radix_cache_evicts_them(seed:
     }
     by_rank = sorted(ranks, key=lambda block: (ranks[block], block))
     assert cache.evict(12, [1] * 12) == by_rank
-    assert build_cache_policy("fcfs-rr").directives([], now=0.0) == []
 
 
 def test_static_scaling_keeps_the_replicas_it_has() -> None:

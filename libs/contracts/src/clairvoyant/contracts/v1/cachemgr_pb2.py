@@ -25,17 +25,17 @@ _sym_db = _symbol_database.Default()
 from clairvoyant.contracts.v1 import common_pb2 as clairvoyant_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x63lairvoyant/v1/cachemgr.proto\x12\x0e\x63lairvoyant.v1\x1a\x1b\x63lairvoyant/v1/common.proto\"\\\n\x0fLineageSelector\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x13\n\x0bworkflow_id\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"\xf9\x01\n\x0e\x43\x61\x63heDirective\x12+\n\x04kind\x18\x01 \x01(\x0e\x32\x1d.clairvoyant.v1.DirectiveKind\x12\x30\n\x07lineage\x18\x02 \x01(\x0b\x32\x1f.clairvoyant.v1.LineageSelector\x12\x14\n\x0c\x62lock_hashes\x18\x03 \x03(\t\x12\x12\n\x05ttl_s\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12.\n\x0btarget_tier\x18\x05 \x01(\x0e\x32\x19.clairvoyant.v1.CacheTier\x12\x11\n\ttoken_ids\x18\x06 \x03(\r\x12\x11\n\tworker_id\x18\x07 \x01(\tB\x08\n\x06_ttl_s\"\x85\x01\n\x0bHintRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x31\n\x0c\x61pp_metadata\x18\x02 \x01(\x0b\x32\x1b.clairvoyant.v1.AppMetadata\x12\x33\n\x0b\x61nnotations\x18\x03 \x01(\x0b\x32\x1e.clairvoyant.v1.SysAnnotations\")\n\x0cHintResponse\x12\x19\n\x11\x64irectives_issued\x18\x01 \x01(\r\" \n\x0bPlanRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"?\n\tCachePlan\x12\x32\n\ndirectives\x18\x01 \x03(\x0b\x32\x1e.clairvoyant.v1.CacheDirective\"\x13\n\x11\x43\x61\x63heStatsRequest\"}\n\tTierStats\x12\'\n\x04tier\x18\x01 \x01(\x0e\x32\x19.clairvoyant.v1.CacheTier\x12\x13\n\x0b\x62locks_used\x18\x02 \x01(\x04\x12\x14\n\x0c\x62locks_total\x18\x03 \x01(\x04\x12\x0c\n\x04hits\x18\x04 \x01(\x04\x12\x0e\n\x06misses\x18\x05 \x01(\x04\"N\n\nCacheStats\x12(\n\x05tiers\x18\x01 \x03(\x0b\x32\x19.clairvoyant.v1.TierStats\x12\x16\n\x0eindexed_blocks\x18\x02 \x01(\x04*`\n\tCacheTier\x12\x1a\n\x16\x43\x41\x43HE_TIER_UNSPECIFIED\x10\x00\x12\x11\n\rCACHE_TIER_L1\x10\x01\x12\x11\n\rCACHE_TIER_L2\x10\x02\x12\x11\n\rCACHE_TIER_L3\x10\x03*\xbe\x01\n\rDirectiveKind\x12\x1e\n\x1a\x44IRECTIVE_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13\x44IRECTIVE_KIND_DROP\x10\x01\x12\x19\n\x15\x44IRECTIVE_KIND_RETAIN\x10\x02\x12\x1d\n\x19\x44IRECTIVE_KIND_WRITE_BACK\x10\x03\x12\x1a\n\x16\x44IRECTIVE_KIND_PROMOTE\x10\x04\x12\x1e\n\x1a\x44IRECTIVE_KIND_PRE_PREFILL\x10\x05\x32\xd9\x01\n\x0c\x43\x61\x63heManager\x12\x41\n\x04Hint\x12\x1b.clairvoyant.v1.HintRequest\x1a\x1c.clairvoyant.v1.HintResponse\x12>\n\x04Plan\x12\x1b.clairvoyant.v1.PlanRequest\x1a\x19.clairvoyant.v1.CachePlan\x12\x46\n\x05Stats\x12!.clairvoyant.v1.CacheStatsRequest\x1a\x1a.clairvoyant.v1.CacheStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x63lairvoyant/v1/cachemgr.proto\x12\x0e\x63lairvoyant.v1\x1a\x1b\x63lairvoyant/v1/common.proto\"\\\n\x0fLineageSelector\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x13\n\x0bworkflow_id\x18\x02 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"\xf9\x01\n\x0e\x43\x61\x63heDirective\x12+\n\x04kind\x18\x01 \x01(\x0e\x32\x1d.clairvoyant.v1.DirectiveKind\x12\x30\n\x07lineage\x18\x02 \x01(\x0b\x32\x1f.clairvoyant.v1.LineageSelector\x12\x14\n\x0c\x62lock_hashes\x18\x03 \x03(\t\x12\x12\n\x05ttl_s\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12.\n\x0btarget_tier\x18\x05 \x01(\x0e\x32\x19.clairvoyant.v1.CacheTier\x12\x11\n\ttoken_ids\x18\x06 \x03(\r\x12\x11\n\tworker_id\x18\x07 \x01(\tB\x08\n\x06_ttl_s\"\x85\x01\n\x0bHintRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x31\n\x0c\x61pp_metadata\x18\x02 \x01(\x0b\x32\x1b.clairvoyant.v1.AppMetadata\x12\x33\n\x0b\x61nnotations\x18\x03 \x01(\x0b\x32\x1e.clairvoyant.v1.SysAnnotations\")\n\x0cHintResponse\x12\x19\n\x11\x64irectives_issued\x18\x01 \x01(\r\" \n\x0bPlanRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"?\n\tCachePlan\x12\x32\n\ndirectives\x18\x01 \x03(\x0b\x32\x1e.clairvoyant.v1.CacheDirective\"\x13\n\x11\x43\x61\x63heStatsRequest\"}\n\tTierStats\x12\'\n\x04tier\x18\x01 \x01(\x0e\x32\x19.clairvoyant.v1.CacheTier\x12\x13\n\x0b\x62locks_used\x18\x02 \x01(\x04\x12\x14\n\x0c\x62locks_total\x18\x03 \x01(\x04\x12\x0c\n\x04hits\x18\x04 \x01(\x04\x12\x0e\n\x06misses\x18\x05 \x01(\x04\"\x83\x02\n\nCacheStats\x12(\n\x05tiers\x18\x01 \x03(\x0b\x32\x19.clairvoyant.v1.TierStats\x12\x16\n\x0eindexed_blocks\x18\x02 \x01(\x04\x12\x0e\n\x06policy\x18\x03 \x01(\t\x12\x19\n\x11\x64irectives_issued\x18\x04 \x01(\x04\x12\x18\n\x10\x63ompletions_seen\x18\x05 \x01(\x04\x12\x13\n\x0b\x65vents_seen\x18\x06 \x01(\x04\x12\x19\n\x11malformed_dropped\x18\x07 \x01(\x04\x12\x16\n\x0elive_workflows\x18\x08 \x01(\x04\x12\x15\n\rhistory_bytes\x18\t \x01(\x04\x12\x0f\n\x07workers\x18\n \x01(\r*`\n\tCacheTier\x12\x1a\n\x16\x43\x41\x43HE_TIER_UNSPECIFIED\x10\x00\x12\x11\n\rCACHE_TIER_L1\x10\x01\x12\x11\n\rCACHE_TIER_L2\x10\x02\x12\x11\n\rCACHE_TIER_L3\x10\x03*\xbe\x01\n\rDirectiveKind\x12\x1e\n\x1a\x44IRECTIVE_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13\x44IRECTIVE_KIND_DROP\x10\x01\x12\x19\n\x15\x44IRECTIVE_KIND_RETAIN\x10\x02\x12\x1d\n\x19\x44IRECTIVE_KIND_WRITE_BACK\x10\x03\x12\x1a\n\x16\x44IRECTIVE_KIND_PROMOTE\x10\x04\x12\x1e\n\x1a\x44IRECTIVE_KIND_PRE_PREFILL\x10\x05\x32\xd9\x01\n\x0c\x43\x61\x63heManager\x12\x41\n\x04Hint\x12\x1b.clairvoyant.v1.HintRequest\x1a\x1c.clairvoyant.v1.HintResponse\x12>\n\x04Plan\x12\x1b.clairvoyant.v1.PlanRequest\x1a\x19.clairvoyant.v1.CachePlan\x12\x46\n\x05Stats\x12!.clairvoyant.v1.CacheStatsRequest\x1a\x1a.clairvoyant.v1.CacheStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'clairvoyant.v1.cachemgr_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CACHETIER']._serialized_start=930
-  _globals['_CACHETIER']._serialized_end=1026
-  _globals['_DIRECTIVEKIND']._serialized_start=1029
-  _globals['_DIRECTIVEKIND']._serialized_end=1219
+  _globals['_CACHETIER']._serialized_start=1112
+  _globals['_CACHETIER']._serialized_end=1208
+  _globals['_DIRECTIVEKIND']._serialized_start=1211
+  _globals['_DIRECTIVEKIND']._serialized_end=1401
   _globals['_LINEAGESELECTOR']._serialized_start=78
   _globals['_LINEAGESELECTOR']._serialized_end=170
   _globals['_CACHEDIRECTIVE']._serialized_start=173
@@ -52,8 +52,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CACHESTATSREQUEST']._serialized_end=721
   _globals['_TIERSTATS']._serialized_start=723
   _globals['_TIERSTATS']._serialized_end=848
-  _globals['_CACHESTATS']._serialized_start=850
-  _globals['_CACHESTATS']._serialized_end=928
-  _globals['_CACHEMANAGER']._serialized_start=1222
-  _globals['_CACHEMANAGER']._serialized_end=1439
+  _globals['_CACHESTATS']._serialized_start=851
+  _globals['_CACHESTATS']._serialized_end=1110
+  _globals['_CACHEMANAGER']._serialized_start=1404
+  _globals['_CACHEMANAGER']._serialized_end=1621
 # @@protoc_insertion_point(module_scope)

@@ -111,9 +111,25 @@ class TierStats(_message.Message):
     def __init__(self, tier: _Optional[_Union[CacheTier, str]] = ..., blocks_used: _Optional[int] = ..., blocks_total: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ...) -> None: ...
 
 class CacheStats(_message.Message):
-    __slots__ = ("tiers", "indexed_blocks")
+    __slots__ = ("tiers", "indexed_blocks", "policy", "directives_issued", "completions_seen", "events_seen", "malformed_dropped", "live_workflows", "history_bytes", "workers")
     TIERS_FIELD_NUMBER: _ClassVar[int]
     INDEXED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    DIRECTIVES_ISSUED_FIELD_NUMBER: _ClassVar[int]
+    COMPLETIONS_SEEN_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_SEEN_FIELD_NUMBER: _ClassVar[int]
+    MALFORMED_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    LIVE_WORKFLOWS_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
     tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
     indexed_blocks: int
-    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., indexed_blocks: _Optional[int] = ...) -> None: ...
+    policy: str
+    directives_issued: int
+    completions_seen: int
+    events_seen: int
+    malformed_dropped: int
+    live_workflows: int
+    history_bytes: int
+    workers: int
+    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., indexed_blocks: _Optional[int] = ..., policy: _Optional[str] = ..., directives_issued: _Optional[int] = ..., completions_seen: _Optional[int] = ..., events_seen: _Optional[int] = ..., malformed_dropped: _Optional[int] = ..., live_workflows: _Optional[int] = ..., history_bytes: _Optional[int] = ..., workers: _Optional[int] = ...) -> None: ...

@@ -168,7 +168,7 @@ class ErrorDetail(_message.Message):
     def __init__(self, message: _Optional[str] = ..., type: _Optional[str] = ..., param: _Optional[str] = ..., code: _Optional[str] = ..., retry_after_s: _Optional[float] = ...) -> None: ...
 
 class CompletionRecord(_message.Message):
-    __slots__ = ("request_id", "tenant", "app_metadata", "model", "worker_id", "prompt_tokens", "cached_tokens", "output_tokens", "timing", "finish_reason", "status", "error_code", "endpoint", "stream", "prompt_block_hashes", "response_block_hashes")
+    __slots__ = ("request_id", "tenant", "app_metadata", "model", "worker_id", "prompt_tokens", "cached_tokens", "output_tokens", "timing", "finish_reason", "status", "error_code", "endpoint", "stream", "prompt_block_hashes", "response_block_hashes", "prompt_token_ids", "output_token_ids", "annotations")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     APP_METADATA_FIELD_NUMBER: _ClassVar[int]
@@ -185,6 +185,9 @@ class CompletionRecord(_message.Message):
     STREAM_FIELD_NUMBER: _ClassVar[int]
     PROMPT_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     RESPONSE_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    ANNOTATIONS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     app_metadata: AppMetadata
@@ -201,4 +204,7 @@ class CompletionRecord(_message.Message):
     stream: bool
     prompt_block_hashes: _containers.RepeatedScalarFieldContainer[int]
     response_block_hashes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., app_metadata: _Optional[_Union[AppMetadata, _Mapping]] = ..., model: _Optional[str] = ..., worker_id: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., finish_reason: _Optional[str] = ..., status: _Optional[_Union[RequestStatus, str]] = ..., error_code: _Optional[str] = ..., endpoint: _Optional[str] = ..., stream: _Optional[bool] = ..., prompt_block_hashes: _Optional[_Iterable[int]] = ..., response_block_hashes: _Optional[_Iterable[int]] = ...) -> None: ...
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    output_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    annotations: SysAnnotations
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., app_metadata: _Optional[_Union[AppMetadata, _Mapping]] = ..., model: _Optional[str] = ..., worker_id: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., timing: _Optional[_Union[Timing, _Mapping]] = ..., finish_reason: _Optional[str] = ..., status: _Optional[_Union[RequestStatus, str]] = ..., error_code: _Optional[str] = ..., endpoint: _Optional[str] = ..., stream: _Optional[bool] = ..., prompt_block_hashes: _Optional[_Iterable[int]] = ..., response_block_hashes: _Optional[_Iterable[int]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., annotations: _Optional[_Union[SysAnnotations, _Mapping]] = ...) -> None: ...
