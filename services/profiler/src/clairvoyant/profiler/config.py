@@ -20,6 +20,9 @@ class ProfilerSettings(ServiceSettings):
     idle_timeout_s: float = Field(600.0, gt=0, description="an instance silent this long is closed")
     min_instances: int = Field(30, ge=1, description="closed instances before a profile leaves shadow")
     high_instances: int = Field(100, ge=1, description="closed instances before confidence can be high")
+    require_convergence: bool = Field(
+        True, description="false: a profile leaves shadow on min_instances alone, converged or not"
+    )
     prune_threshold: float = Field(
         0.05, ge=0, lt=1, description="transitions taken by fewer of the traces are pruned"
     )
@@ -62,5 +65,9 @@ class ProfilerSettings(ServiceSettings):
             max_traces=self.max_traces,
             projection_steps=self.profiler_projection_steps,
             synthesis=SynthesisConfig(prune_threshold=self.prune_threshold),
-            confidence=ConfidenceConfig(min_instances=self.min_instances, high_instances=self.high_instances),
+            confidence=ConfidenceConfig(
+                min_instances=self.min_instances,
+                high_instances=self.high_instances,
+                require_convergence=self.require_convergence,
+            ),
         )
