@@ -150,7 +150,7 @@ def test_the_launcher_restarts_a_crashed_worker_and_stops_everything_on_sigterm(
 
         wait_for("the launcher to be ready", lambda: logged("ready: OpenAI-compatible API"), timeout=180)
         services = _children(launcher.pid)
-        assert len(services) == 5  # NATS, scheduler, profiler, one worker, gateway
+        assert len(services) == 6  # NATS, scheduler, profiler, cache manager, one worker, gateway
         victim = wait_for("the worker's process", lambda: _worker_pid(launcher.pid))
         os.kill(victim, signal.SIGKILL)
 

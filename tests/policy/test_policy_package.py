@@ -81,7 +81,7 @@ def test_every_registered_policy_declares_exactly_its_hooks(preset: str) -> None
 
 def test_a_preset_names_one_member_of_each_family_and_must_name_registered_ones() -> None:
     names = PRESETS.create("pythia")
-    assert names == Preset("pythia", "pythia-capacity", "lru", "pythia")
+    assert names == Preset("pythia", "pythia-capacity", "pythia", "pythia")
     assert names.priority in PRIORITY_POLICIES and names.routing in ROUTING_POLICIES
     assert names.cache in CACHE_POLICIES and names.scaling in SCALING_POLICIES
     registry = PresetRegistry("preset")

@@ -163,6 +163,8 @@ async def test_final_message_carries_the_block_hashes_of_prompt_and_response(wor
     expected_prompt, expected_response = sequence_hashes(prompt, output)
     assert list(last.prompt_block_hashes) == expected_prompt and len(expected_prompt) == 2
     assert list(last.response_block_hashes) == expected_response and len(expected_response) == 2  # 8 + 30 = 38
+    assert list(last.prompt_token_ids) == prompt  # the cache manager's history: on the last message only
+    assert all(not r.prompt_token_ids for r in replies[:-1])
 
     # The next turn's prompt is this conversation so far plus a new message: its chain starts with
     # every full block the first turn left in the cache (prompt then response), and the worker

@@ -29,6 +29,7 @@ class VirtualClock(Clock):
     def advance(self, seconds: float) -> None:
         self.now += seconds
 
+
 BS = 4
 PREFIXES = [[(p * 37 + i * 11) % 250 for i in range(5 * BS)] for p in range(3)]  # three shared heads
 TENANTS = ["acme", "globex"]
@@ -62,9 +63,13 @@ class TieredEngine(RuleBasedStateMachine):
 
     @initialize(policy=st.sampled_from(WRITE_POLICIES))
     def start(self, policy: Any) -> None:
-        runner = EmulatedRunner("llama-3.1-8b", sleep=self.clock.advance, max_model_len=4096, distinct_tokens=True)
+        runner = EmulatedRunner(
+            "llama-3.1-8b", sleep=self.clock.advance, max_model_len=4096, distinct_tokens=True
+        )
         tiers = TierConfig(num_host_blocks=14, prefetch_threshold_tokens=BS, write_policy=policy)
-        config = EngineConfig(block_size=BS, num_blocks=12, max_num_seqs=3, max_num_batched_tokens=24, tiers=tiers)
+        config = EngineConfig(
+            block_size=BS, num_blocks=12, max_num_seqs=3, max_num_batched_tokens=24, tiers=tiers
+        )
         self.store = MemoryL3(capacity_pages=40)
         self.engine = LLMEngine(runner, config, clock=self.clock, l3=self.store, kv_events=True)
         assert self.engine.tiers is not None
@@ -85,7 +90,12 @@ class TieredEngine(RuleBasedStateMachine):
         self.live.append(request_id)
 
     @precondition(lambda self: self.engine is not None)
-    @rule(prefix=st.integers(0, 2), tail=st.integers(1, 9), tenant=st.sampled_from(TENANTS), out=st.integers(1, 6))
+    @rule(
+        prefix=st.integers(0, 2),
+        tail=st.integers(1, 9),
+        tenant=st.sampled_from(TENANTS),
+        out=st.integers(1, 6),
+    )
     def add(self, prefix: int, tail: int, tenant: str, out: int) -> None:
         self._add(PREFIXES[prefix] + [200 + (self.next_id * 7 + i) % 50 for i in range(tail)], tenant, out)
 
@@ -170,6 +180,16 @@ class TieredEngine(RuleBasedStateMachine):
         assert self.rebuilt[1] == l1 == tiers.resident(1)
         assert self.rebuilt[2] == tiers.resident(2)
         assert self.rebuilt[3] <= tiers.resident(3) | self.rebuilt[3]
+        # A subscriber that (re)starts and asks for a snapshot holds exactly what each tier holds.
+        snapshot: dict[int, set[tuple[Any, int]]] = {1: set(), 2: set(), 3: set()}
+        for event in self.e.kv_snapshot():
+            keys = {(event.namespace, h) for h in event.block_hashes}
+            if event.kind == "cleared":
+                snapshot[event.tier].clear()
+            else:
+                assert event.kind == "stored" and not keys & snapshot[event.tier], event
+                snapshot[event.tier] |= keys
+        assert snapshot == {1: l1, 2: tiers.resident(2), 3: tiers.resident(3)}
 
     def replay(self, event: KvEvent) -> None:
         held = self.rebuilt[event.tier]

@@ -34,6 +34,9 @@ logger = logging.getLogger(__name__)
 COMPLETIONS_STREAM = "CV_REQUESTS"
 COMPLETIONS_SUBJECT = "cv.requests.completed"
 WORKER_STATS_WILDCARD = "cv.workers.*.stats"
+# A (re)started KV-event subscriber asks every worker for its tiers' contents here; each answers
+# on its own cv.kv.events.<worker> subject with a CLEARED + STORED snapshot, in sequence.
+KV_RESYNC_SUBJECT = "cv.kv.resync"
 
 
 def worker_stats_subject(worker_id: str) -> str:
@@ -44,7 +47,9 @@ def worker_stats_subject(worker_id: str) -> str:
     return f"cv.workers.{token}.stats"
 
 
-EVENTS_DROPPED = Counter("cv_bus_events_dropped_total", "Events dropped because NATS was unreachable", ["subject"])
+EVENTS_DROPPED = Counter(
+    "cv_bus_events_dropped_total", "Events dropped because NATS was unreachable", ["subject"]
+)
 OUTBOX_DEPTH = Gauge("cv_bus_outbox_depth", "JetStream records waiting for NATS to come back")
 
 Handler = Callable[[Msg], Awaitable[None]]
@@ -253,7 +258,9 @@ class EventBus:
         await self._ensure_streams()
         await self._flush_outbox()
 
-    async def ensure_stream(self, name: str = COMPLETIONS_STREAM, subjects: tuple[str, ...] = (COMPLETIONS_SUBJECT,)) -> None:
+    async def ensure_stream(
+        self, name: str = COMPLETIONS_STREAM, subjects: tuple[str, ...] = (COMPLETIONS_SUBJECT,)
+    ) -> None:
         """Create the JetStream stream if it does not exist (idempotent)."""
         if not self.connected or self._nc is None:
             return

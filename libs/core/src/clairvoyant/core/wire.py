@@ -1,11 +1,13 @@
-"""Protobuf conversions of core's plain value types (AppMetadata, SysAnnotations), for the gRPC and
-NATS adapters."""
+"""Protobuf conversions of core's plain value types (AppMetadata, SysAnnotations, KvBatch), for the
+gRPC and NATS adapters."""
 
 from __future__ import annotations
 
-from clairvoyant.contracts.v1 import common_pb2
+from clairvoyant.contracts.v1 import cachemgr_pb2, common_pb2, worker_pb2
 from clairvoyant.core.annotations import Confidence, LengthInterval, NextAgent, ProjectedCalls, SysAnnotations
 from clairvoyant.core.app_metadata import OPTIONAL_IDS, AppMetadata
+from clairvoyant.core.errors import InvalidRequest
+from clairvoyant.core.kv_events import KvBatch, KvBlockEvent, KvEventKind, KvTier
 
 
 def app_metadata_to_proto(meta: AppMetadata) -> common_pb2.AppMetadata:
@@ -82,3 +84,48 @@ _OPTIONAL_NUMBERS = (
     "attained_service_s",
 )
 _CONFIDENCES = frozenset(int(c) for c in Confidence)
+
+
+_KV_KINDS = {
+    worker_pb2.KvEvent.STORED: KvEventKind.STORED,
+    worker_pb2.KvEvent.REMOVED: KvEventKind.REMOVED,
+    worker_pb2.KvEvent.CLEARED: KvEventKind.CLEARED,
+}
+_KV_TIERS = {
+    cachemgr_pb2.CACHE_TIER_L1: KvTier.L1,
+    cachemgr_pb2.CACHE_TIER_L2: KvTier.L2,
+    cachemgr_pb2.CACHE_TIER_L3: KvTier.L3,
+}
+
+
+def kv_batch(msg: worker_pb2.KvEventBatch) -> KvBatch:
+    """Raises InvalidRequest for a batch an index cannot use: no worker or model, or an event of
+    an unknown kind or tier (the whole batch goes: applying part of it would leave a hole)."""
+    if not msg.worker_id or not msg.model:
+        raise InvalidRequest("a KV event batch needs worker_id and model")
+    events = []
+    for event in msg.events:
+        kind, tier = _KV_KINDS.get(event.kind), _KV_TIERS.get(event.tier)
+        if kind is None or tier is None:
+            raise InvalidRequest(f"KV event of unknown kind {event.kind} or tier {event.tier}")
+        lineage = event.lineage
+        events.append(
+            KvBlockEvent(
+                kind=kind,
+                tier=tier,
+                tenant=event.tenant,
+                block_hashes=tuple(event.block_hashes),
+                workflow_id=lineage.workflow_id,
+                agent_id=lineage.agent_id,
+                request_id=lineage.request_id,
+                response=event.response,
+                parent_hash=event.parent_hash if event.HasField("parent_hash") else None,
+            )
+        )
+    return KvBatch(
+        worker_id=msg.worker_id,
+        model=msg.model,
+        block_size=msg.block_size,
+        sequence=msg.sequence,
+        events=tuple(events),
+    )

@@ -1,10 +1,18 @@
 """The policy families, their registries and the presets: pure, shared by every service and the
 simulator.  Importing this package registers every built-in policy and preset.
 
-    priority / routing (scheduling.py) · engine rule (LocalRule) · cache (cache.py) · scaling (scaling.py)
+    priority / routing (scheduling.py) · engine rule (LocalRule) · cache (cache.py, cache_*.py) · scaling (scaling.py)
     a policy's optional hooks: capabilities.py · presets: presets.py
 """
 
+# the cache policies register first: the presets below name them
+from clairvoyant.policy import cache_baselines as cache_baselines  # registers lmcache, hicache
+from clairvoyant.policy import cache_continuum as cache_continuum  # registers continuum
+from clairvoyant.policy import cache_kvflow as cache_kvflow  # registers kvflow
+from clairvoyant.policy import cache_pythia as cache_pythia  # registers pythia (cache)
+from clairvoyant.policy import cache_saga as cache_saga  # registers saga (cache)
+
+# isort: split
 from clairvoyant.policy import autellix as autellix  # registers the autellix, plas, atlas, mlfq presets
 from clairvoyant.policy import baselines as baselines  # registers the industry baseline presets
 from clairvoyant.policy import clairvoyant as clairvoyant  # registers the clairvoyant preset

@@ -385,6 +385,6 @@ class ProgramFcfsPriority(_ProgramPolicy):
         return self._rows.changes(self.programs)
 
 
-PRESETS.register_preset("vllm-prodstack", Preset("fcfs", "session-affinity"))
-PRESETS.register_preset("sglang-gw", Preset("fcfs", "sglang-cache-aware"))
-PRESETS.register_preset("continuum", Preset("program-fcfs", "session-affinity"))
+PRESETS.register_preset("vllm-prodstack", Preset("fcfs", "session-affinity", cache="lmcache"))
+PRESETS.register_preset("sglang-gw", Preset("fcfs", "sglang-cache-aware", cache="hicache"))
+PRESETS.register_preset("continuum", Preset("program-fcfs", "session-affinity", cache="continuum"))

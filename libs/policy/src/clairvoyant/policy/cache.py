@@ -19,7 +19,8 @@ offline replay (``bench cache-replay``) can score it against Belady's optimum at
 
 ``lru`` is every engine's behaviour: no directives, least recently used first; the radix cache
 implements that order natively (``worker/core/radix_cache.py``), and a test checks they agree.
-The other policies (pythia, kvflow, saga, continuum, lmcache) live in ``cache_policies.py``.
+The other policies live one per module: ``cache_pythia.py``, ``cache_kvflow.py``, ``cache_saga.py``,
+``cache_continuum.py`` and ``cache_baselines.py`` (lmcache, hicache).
 """
 
 from __future__ import annotations
@@ -46,7 +47,9 @@ class BlockUse(NamedTuple):
     workflow_id: str = ""
     agent_id: str = ""  # the lineage that computed it ("" unknown)
     request_id: str = ""
-    tokens: int = 0  # size of the entry the block belongs to (its request's prompt + response), for size-aware policies
+    tokens: int = (
+        0  # size of the entry the block belongs to (its request's prompt + response), for size-aware policies
+    )
     response: bool = False  # the block holds response tokens
 
 
@@ -110,7 +113,11 @@ class WorkerLoad(NamedTuple):
     l2_used: int = 0
     l2_total: int = 0  # 0: no host tier
     has_l3: bool = False
-    hit_tokens: tuple[int, int, int] = (0, 0, 0)  # prompt tokens served from L1, L2, L3 since the worker started
+    hit_tokens: tuple[int, int, int] = (
+        0,
+        0,
+        0,
+    )  # prompt tokens served from L1, L2, L3 since the worker started
 
     @property
     def idle(self) -> bool:
@@ -129,7 +136,9 @@ class Residency(NamedTuple):
     worker_id: str
     l1_blocks: int  # leading blocks in device memory
     l2_blocks: int  # leading blocks in device or host memory
-    l3_blocks: int  # leading blocks anywhere, shared storage included (L3 counts for every worker of the model)
+    l3_blocks: (
+        int  # leading blocks anywhere, shared storage included (L3 counts for every worker of the model)
+    )
 
 
 class CacheView(Protocol):
@@ -154,9 +163,13 @@ class CacheView(Protocol):
         response chain (a shared system prompt has many; a dead block none)."""
         ...
 
-    def assemble(self, tenant: str, workflow_id: str, template: str) -> tuple[int, ...] | None:
+    def assemble(
+        self, tenant: str, workflow_id: str, template: str, agent_id: str = ""
+    ) -> tuple[int, ...] | None:
         """The token ids of ``template`` (a profiler prompt-composition template) filled from the
-        workflow's history, up to its ``${new}``; None when the history lacks a source it names."""
+        workflow's history, up to its ``${new}``; None when the history lacks a source it names.
+        ``agent_id``: the agent whose prompt the template is (its ``${static:...}`` source; without
+        it a static source is missing)."""
         ...
 
     def history_agents(self, tenant: str, workflow_id: str) -> Sequence[str]:

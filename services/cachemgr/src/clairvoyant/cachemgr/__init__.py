@@ -1,1 +1,2 @@
-"""The cachemgr service.  Its code lands with its own issue; see README.md in this package."""
+"""The cache manager: the cluster-wide KV index and the cache policy's directives to the workers
+(``python -m clairvoyant.cachemgr``; docs/cache-manager.md)."""

@@ -68,6 +68,11 @@ class GatewaySettings(ServiceSettings):
         default=1.0, ge=0, description="how long a scheduler Snapshot answers /v1/models"
     )
     shutdown_grace_s: float = Field(default=10.0, ge=0, description="time in-flight requests get on SIGTERM")
+    gateway_record_token_ids: bool = Field(
+        default=True,
+        description="CompletionRecords carry the prompt's and the output's token ids (the cache manager's "
+        "workflow history); false leaves them out",
+    )
     rate_limit_rpm: int = Field(
         default=0,
         ge=0,

@@ -47,6 +47,7 @@ class GatewayFrontend:
             self.annotator,
             default_max_tokens=settings.default_max_tokens,
             now=now,
+            record_token_ids=settings.gateway_record_token_ids,
         )
         self.started_at = int(now())
         self._renewing: asyncio.Task[None] | None = None
@@ -70,7 +71,9 @@ class GatewayFrontend:
         if held is not None:
             raise held
         settings = self.settings
-        tokens = request.estimated_prompt_tokens() + (request.sampling.max_tokens or settings.default_max_tokens)
+        tokens = request.estimated_prompt_tokens() + (
+            request.sampling.max_tokens or settings.default_max_tokens
+        )
         defaults = Limits(settings.rate_limit_rpm, settings.rate_limit_tpm)
         return self.auth.admit(authorization, tokens, defaults)
 

@@ -80,6 +80,8 @@ class Generation:
         self._prompt_tokens = 0
         self._prompt_block_hashes: tuple[int, ...] = ()
         self._response_block_hashes: tuple[int, ...] = ()
+        self._prompt_token_ids: tuple[int, ...] = ()
+        self._output_token_ids: list[int] = []
         self._error: ClairvoyantError | None = None
         self._recorded = True  # False: release the placement but publish nothing
         # Set by Pipeline.start on success: from then on, closing this generation ends the request
@@ -146,6 +148,7 @@ class Generation:
             )
             self._attempt_span.add_event("first_token")
         self._tokens_seen += len(msg.token_ids)
+        self._output_token_ids.extend(msg.token_ids)
         if msg.HasField("usage"):
             self.usage = TokenUsage.from_proto(msg.usage)
         else:
@@ -154,6 +157,7 @@ class Generation:
             self.finish_reason = msg.finish_reason or "stop"
             self._prompt_block_hashes = tuple(msg.prompt_block_hashes)
             self._response_block_hashes = tuple(msg.response_block_hashes)
+            self._prompt_token_ids = tuple(msg.prompt_token_ids)
 
     def _outcome(self) -> Outcome:
         if self._error is None and self.finish_reason is not None:
@@ -173,6 +177,9 @@ class Generation:
             error_code=code,
             prompt_block_hashes=self._prompt_block_hashes,
             response_block_hashes=self._response_block_hashes,
+            prompt_token_ids=self._prompt_token_ids,
+            output_token_ids=tuple(self._output_token_ids),
+            annotations=self.annotations,
         )
 
     async def close(self) -> None:

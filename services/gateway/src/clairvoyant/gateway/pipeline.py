@@ -65,6 +65,7 @@ class Pipeline:
         default_max_tokens: int = 256,
         now: Callable[[], float] = time.time,
         held: HeldPlacements | None = None,
+        record_token_ids: bool = True,
     ) -> None:
         self.scheduler = scheduler
         self.workers = workers
@@ -74,6 +75,7 @@ class Pipeline:
         self.default_max_tokens = default_max_tokens
         self.now = now  # wall clock: CompletionRecord timings are seconds since the epoch
         self.held = held or HeldPlacements()  # placements from Schedule until Complete, renewed
+        self.record_token_ids = record_token_ids  # CompletionRecords carry prompt and output token ids
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(
@@ -163,10 +165,14 @@ class Pipeline:
         """Open the Generate call on the placed worker; the Generation owns the placement."""
         msg = placed_generate_request(generate_msg, placement)
         scheduled_time = self.now()
-        attempt_span = _tracer.start_span("gateway.generate", attributes={"cv.worker_id": placement.worker_id})
+        attempt_span = _tracer.start_span(
+            "gateway.generate", attributes={"cv.worker_id": placement.worker_id}
+        )
         with trace.use_span(attempt_span, end_on_exit=False):  # the worker's span joins this trace
             call = self.workers.generate(placement.worker_address, msg)
-        return Generation(self, request, placement, call, annotations, scheduled_time, request_span, attempt_span)
+        return Generation(
+            self, request, placement, call, annotations, scheduled_time, request_span, attempt_span
+        )
 
     async def release(
         self, request_id: str, worker_id: str, status: common_pb2.RequestStatus, output_tokens: int = 0
@@ -206,7 +212,7 @@ class Pipeline:
         return placement
 
     async def publish(self, request: GenerationRequest, outcome: Outcome) -> None:
-        record = build_record(request, outcome)
+        record = build_record(request, outcome, token_ids=self.record_token_ids)
         acked = await self.records.publish_durable(COMPLETIONS_SUBJECT, record.SerializeToString())
         status = common_pb2.RequestStatus.Name(outcome.status)
         metrics.RECORDS.labels(status, "acked" if acked else "outbox").inc()
@@ -248,7 +254,9 @@ def encode_messages(
             tenant=request.tenant,
         )
         if request.chat is not None:
-            turns = [common_pb2.ChatMessage(role=t.role, content=t.content, name=t.name) for t in request.chat]
+            turns = [
+                common_pb2.ChatMessage(role=t.role, content=t.content, name=t.name) for t in request.chat
+            ]
             generate.chat.CopyFrom(worker_pb2.ChatMessages(messages=turns))
         else:
             generate.prompt = request.prompt or ""
@@ -260,7 +268,7 @@ def encode_messages(
             generate.annotations.CopyFrom(annotations)
     except UnicodeEncodeError as exc:
         raise InvalidRequest(
-            f"the request holds text that is not valid Unicode ({exc.reason}: {exc.object[exc.start:exc.end]!a})",
+            f"the request holds text that is not valid Unicode ({exc.reason}: {exc.object[exc.start : exc.end]!a})",
             code="invalid_encoding",
         ) from None
     return schedule, generate

@@ -1,4 +1,5 @@
-"""The CompletionRecord the gateway publishes once per accepted request (the profiler's input)."""
+"""The CompletionRecord the gateway publishes once per accepted request (the profiler's and the
+cache manager's input)."""
 
 from __future__ import annotations
 
@@ -28,9 +29,18 @@ class Outcome:
     # From the worker's last message (clairvoyant.core.blockhash); empty when it never sent one.
     prompt_block_hashes: tuple[int, ...] = ()
     response_block_hashes: tuple[int, ...] = ()
+    # The prompt as the worker's engine received it (its last message; empty when it never sent
+    # one) and every output token the stream carried, cancelled or failed streams included.
+    prompt_token_ids: tuple[int, ...] = ()
+    output_token_ids: tuple[int, ...] = ()
+    annotations: common_pb2.SysAnnotations | None = None  # the profiler's, as the request was served
 
 
-def build_record(request: GenerationRequest, outcome: Outcome) -> common_pb2.CompletionRecord:
+def build_record(
+    request: GenerationRequest, outcome: Outcome, *, token_ids: bool = True
+) -> common_pb2.CompletionRecord:
+    """The record of ``request``; ``token_ids`` False leaves the prompt and output token ids out
+    (``CV_GATEWAY_RECORD_TOKEN_IDS``): they are the bulk of a record, and the text itself."""
     record = common_pb2.CompletionRecord(
         request_id=request.request_id,
         tenant=request.tenant,
@@ -53,6 +63,11 @@ def build_record(request: GenerationRequest, outcome: Outcome) -> common_pb2.Com
         prompt_block_hashes=outcome.prompt_block_hashes,
         response_block_hashes=outcome.response_block_hashes,
     )
+    if token_ids:
+        record.prompt_token_ids.extend(outcome.prompt_token_ids)
+        record.output_token_ids.extend(outcome.output_token_ids)
     if request.app_metadata is not None:
         record.app_metadata.CopyFrom(app_metadata_to_proto(request.app_metadata))
+    if outcome.annotations is not None:
+        record.annotations.CopyFrom(outcome.annotations)
     return record

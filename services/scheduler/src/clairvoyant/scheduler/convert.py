@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from clairvoyant.contracts.v1 import cachemgr_pb2, scheduler_pb2, worker_pb2
+from clairvoyant.contracts.v1 import scheduler_pb2, worker_pb2
 from clairvoyant.core.errors import InvalidRequest
 from clairvoyant.core.wire import (
     annotations_from_proto,
@@ -16,10 +16,6 @@ from clairvoyant.policy.scaling import ModelTraffic
 from clairvoyant.scheduler.core import (
     Decision,
     HeldCall,
-    KvBatch,
-    KvBlockEvent,
-    KvEventKind,
-    KvTier,
     QueuedRequest,
     SchedulerSnapshot,
     WorkerReport,
@@ -45,46 +41,6 @@ def queued_request(msg: scheduler_pb2.ScheduleRequest, now: float) -> QueuedRequ
         exclude_workers=frozenset(msg.exclude_workers),
         owner=msg.owner,
         prompt_block_hashes=tuple(msg.prompt_block_hashes),
-    )
-
-
-_KV_KINDS = {
-    worker_pb2.KvEvent.STORED: KvEventKind.STORED,
-    worker_pb2.KvEvent.REMOVED: KvEventKind.REMOVED,
-    worker_pb2.KvEvent.CLEARED: KvEventKind.CLEARED,
-}
-_KV_TIERS = {
-    cachemgr_pb2.CACHE_TIER_L1: KvTier.L1,
-    cachemgr_pb2.CACHE_TIER_L2: KvTier.L2,
-    cachemgr_pb2.CACHE_TIER_L3: KvTier.L3,
-}
-
-
-def kv_batch(msg: worker_pb2.KvEventBatch) -> KvBatch:
-    """Raises InvalidRequest for a batch the index cannot use: no worker or model, or an event of
-    an unknown kind or tier (the whole batch goes: applying part of it would leave a hole)."""
-    if not msg.worker_id or not msg.model:
-        raise InvalidRequest("a KV event batch needs worker_id and model")
-    events = []
-    for event in msg.events:
-        kind, tier = _KV_KINDS.get(event.kind), _KV_TIERS.get(event.tier)
-        if kind is None or tier is None:
-            raise InvalidRequest(f"KV event of unknown kind {event.kind} or tier {event.tier}")
-        events.append(
-            KvBlockEvent(
-                kind=kind,
-                tier=tier,
-                tenant=event.tenant,
-                block_hashes=tuple(event.block_hashes),
-                workflow_id=event.lineage.workflow_id,
-            )
-        )
-    return KvBatch(
-        worker_id=msg.worker_id,
-        model=msg.model,
-        block_size=msg.block_size,
-        sequence=msg.sequence,
-        events=tuple(events),
     )
 
 

@@ -25,6 +25,7 @@ from clairvoyant.core.errors import ClairvoyantError, InvalidRequest, NoWorkers,
 from clairvoyant.core.grpc_errors import abort
 from clairvoyant.core.telemetry import extract_context
 from clairvoyant.core.telemetry import tracer as get_tracer
+from clairvoyant.core.wire import kv_batch
 from clairvoyant.scheduler import convert, metrics
 from clairvoyant.scheduler.core import Decision, GlobalScheduler, Reclaimed
 from clairvoyant.scheduler.kv_migration import KvMove, KvMover
@@ -167,7 +168,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         """NATS handler for ``cv.kv.events.*``: a worker's KV events, into the core's index.  A
         malformed batch is counted and dropped (a dropped batch then shows as a sequence gap)."""
         try:
-            batch = convert.kv_batch(worker_pb2.KvEventBatch.FromString(msg.data))
+            batch = kv_batch(worker_pb2.KvEventBatch.FromString(msg.data))
         except DecodeError:
             logger.warning("undecodable KV events on %s", msg.subject)
             metrics.KV_EVENTS_DROPPED.labels("undecodable").inc()
@@ -178,7 +179,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             return
         applied = self.core.apply_kv_events(batch, self.clock.now())
         if applied.gap:
-            logger.info("KV events of %s skipped a sequence number: its index waits for a CLEARED", batch.worker_id)
+            logger.info(
+                "KV events of %s skipped a sequence number: its index waits for a CLEARED", batch.worker_id
+            )
             metrics.KV_EVENT_GAPS.inc()
 
     def heard_from(self, stats: worker_pb2.WorkerStats) -> None:
@@ -190,7 +193,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         now = self.clock.now()
         self.core.update_worker(report, now)
         if report.held_requests is not None:
-            self._log_reclaimed(self.core.reconcile(report.worker_id, report.held_requests, now), report.model)
+            self._log_reclaimed(
+                self.core.reconcile(report.worker_id, report.held_requests, now), report.model
+            )
 
     async def expire(self) -> None:
         """Release placements whose lease ran out; ask silent workers whether they are alive, and
@@ -326,10 +331,17 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             return None
         tenant, workflow_id = session
         return KvMove(
-            decision.request_id, source.address, decision.worker.address, decision.worker.model, tenant, workflow_id
+            decision.request_id,
+            source.address,
+            decision.worker.address,
+            decision.worker.model,
+            tenant,
+            workflow_id,
         )
 
-    async def _move_then_answer(self, move: KvMove, decision: Decision, waiter: asyncio.Future[Decision]) -> None:
+    async def _move_then_answer(
+        self, move: KvMove, decision: Decision, waiter: asyncio.Future[Decision]
+    ) -> None:
         assert self.kv_mover is not None
         try:
             await self.kv_mover.move(move)  # bounded by its timeout; never raises

@@ -220,6 +220,7 @@ class WorkerApp:
         self._tasks.append(asyncio.create_task(self.heartbeat.run(self.bus)))
         if self.kv_events is not None:
             self._tasks.append(asyncio.create_task(self.kv_events.run(self.bus)))
+            await self.kv_events.resync_on_request(self.bus, self.engine)
         await DirectiveSubscriber(self.engine, self.worker_id).subscribe(self.bus)
         logger.info(
             "worker %s serving %s: grpc %s, http %s, %d KV blocks of %d tokens, batch %d",

@@ -52,7 +52,10 @@ def sampling_params(msg: common_pb2.SamplingParams, default_max_tokens: int) -> 
 
 def lineage(tenant: str, meta: common_pb2.AppMetadata, request_id: str) -> Lineage:
     return Lineage(
-        tenant=tenant or "default", workflow_id=meta.workflow_id, agent_id=meta.agent_id, request_id=request_id
+        tenant=tenant or "default",
+        workflow_id=meta.workflow_id,
+        agent_id=meta.agent_id,
+        request_id=request_id,
     )
 
 
@@ -84,7 +87,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     raise self.frontend.draining_error()
                 if request.model and request.model != self.frontend.model_name:
                     raise InvalidRequest(
-                        f"this worker serves {self.frontend.model_name!r}, not {request.model!r}", param="model"
+                        f"this worker serves {self.frontend.model_name!r}, not {request.model!r}",
+                        param="model",
                     )
                 ids = self.frontend.tokenize(prompt_input(request))
                 sampling = sampling_params(request.sampling, self.frontend.default_max_tokens(len(ids)))
@@ -133,6 +137,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                         prompt_hashes, response_hashes = await hasher.finish(output_ids)
                         reply.prompt_block_hashes.extend(prompt_hashes)
                         reply.response_block_hashes.extend(response_hashes)
+                        reply.prompt_token_ids.extend(ids)  # the cache manager's workflow history
                         span.set_attribute("cv.completion_tokens", out.completion_tokens)
                         span.set_attribute("cv.cached_tokens", out.cached_tokens)
                     yield reply
@@ -172,12 +177,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     ) -> worker_pb2.ApplyDirectivesResponse:
         """All the directives or none: the batch is checked before any is applied."""
         try:
-            applied = await apply_directives(self.frontend.engine, request.directives, self.frontend.worker_id)
+            applied = await apply_directives(
+                self.frontend.engine, request.directives, self.frontend.worker_id
+            )
             DIRECTIVES.labels("grpc", "applied").inc()
             return worker_pb2.ApplyDirectivesResponse(applied=applied)
         except DirectiveRejected as exc:
             DIRECTIVES.labels("grpc", "rejected").inc()
-            code = grpc.StatusCode.FAILED_PRECONDITION if exc.missing_tier else grpc.StatusCode.INVALID_ARGUMENT
+            code = (
+                grpc.StatusCode.FAILED_PRECONDITION if exc.missing_tier else grpc.StatusCode.INVALID_ARGUMENT
+            )
             await context.abort(code, str(exc))
             raise AssertionError("unreachable") from exc
 

@@ -15,15 +15,19 @@ import logging
 import queue
 import time
 
+from nats.aio.msg import Msg
+
 from clairvoyant.contracts.v1 import cachemgr_pb2, worker_pb2
-from clairvoyant.core.bus import EventBus
+from clairvoyant.core.bus import KV_RESYNC_SUBJECT, EventBus
 from clairvoyant.worker.core.radix_cache import BlockTag
 from clairvoyant.worker.core.types import KvEvent
+from clairvoyant.worker.engine_loop import AsyncEngine
 from clairvoyant.worker.metrics import KV_EVENTS_DROPPED
 
 logger = logging.getLogger(__name__)
 
 KV_EVENTS_PREFIX = "cv.kv.events"
+RESYNC_MIN_INTERVAL_S = 1.0  # resync requests closer together than this are answered once
 _KINDS = {
     "stored": worker_pb2.KvEvent.STORED,
     "removed": worker_pb2.KvEvent.REMOVED,
@@ -107,6 +111,22 @@ class KvEventPublisher:
             timestamp=timestamp,
             events=[event_to_proto(event) for event in events],
         )
+
+    async def resync_on_request(self, bus: EventBus, engine: AsyncEngine) -> None:
+        """Answer ``cv.kv.resync``: queue a snapshot of every tier (taken on the engine thread, so
+        it is numbered in order with the step batches)."""
+        last = -RESYNC_MIN_INTERVAL_S
+
+        async def handle(_msg: Msg) -> None:
+            nonlocal last
+            now = time.monotonic()
+            if now - last < RESYNC_MIN_INTERVAL_S:
+                return
+            last = now
+            await engine.call(lambda core: self.submit(core.kv_snapshot()))
+            logger.info("KV resync requested: published a snapshot of every tier")
+
+        await bus.subscribe(KV_RESYNC_SUBJECT, handle)
 
     async def run(self, bus: EventBus) -> None:
         """Publish the queued batches, in order, until cancelled."""

@@ -4,8 +4,10 @@ The policies it runs, their value types and the presets live in ``clairvoyant.po
 the worker and the simulator); the names below are re-exported for the scheduler's callers.
 """
 
+from clairvoyant.core.kv_events import KvBatch, KvBlockEvent, KvEventKind, KvTier
 from clairvoyant.policy import PRESETS, PRIORITY_POLICIES, ROUTING_POLICIES, build_policies, eligible_workers
 from clairvoyant.policy.autellix import KQueueConfig, KQueuePriority, KQueueRule
+from clairvoyant.policy.kv_index import KvApplied, KvIndex, TierWeights
 from clairvoyant.policy.process_table import ProcessTable, Program, ProgramKey
 from clairvoyant.policy.scheduling import LocalRule, PriorityPolicy, RoutingPolicy
 from clairvoyant.policy.types import (
@@ -20,15 +22,6 @@ from clairvoyant.policy.types import (
 )
 from clairvoyant.scheduler.core.global_queue import GlobalScheduler
 from clairvoyant.scheduler.core.inspection import HeldCall
-from clairvoyant.scheduler.core.kv_index import (
-    KvApplied,
-    KvBatch,
-    KvBlockEvent,
-    KvEventKind,
-    KvIndex,
-    KvTier,
-    TierWeights,
-)
 from clairvoyant.scheduler.core.leases import Lease, LeaseBook, Reclaimed
 
 __all__ = [

@@ -20,7 +20,9 @@ from collections.abc import Iterable
 from typing import Any, cast
 
 from clairvoyant.core.errors import NoWorkers
+from clairvoyant.core.kv_events import KvBatch
 from clairvoyant.policy.capabilities import Capability, capabilities_of, check_capabilities
+from clairvoyant.policy.kv_index import KvApplied, KvIndex
 from clairvoyant.policy.presets import build_policies, engine_rule_of
 from clairvoyant.policy.process_table import ProcessTable, ProgramKey, program_key
 from clairvoyant.policy.scheduling import (
@@ -47,7 +49,6 @@ from clairvoyant.policy.types import (
     WorkerView,
 )
 from clairvoyant.scheduler.core.inspection import SchedulerInspection
-from clairvoyant.scheduler.core.kv_index import KvApplied, KvBatch, KvIndex
 from clairvoyant.scheduler.core.leases import LeaseBook, Reclaimed
 from clairvoyant.scheduler.core.placements import PlacementBook
 from clairvoyant.scheduler.core.queues import GlobalQueues
@@ -87,7 +88,9 @@ class GlobalScheduler(SchedulerInspection):
         check_capabilities(type(priority))  # a hook it does not declare would never be called
         check_capabilities(type(routing))
         priority_can, routing_can = capabilities_of(priority), capabilities_of(routing)
-        fixed = Capability.FIXED_PRIORITY in priority_can and cast(FixedPriority, priority).priority_is_fixed()
+        fixed = (
+            Capability.FIXED_PRIORITY in priority_can and cast(FixedPriority, priority).priority_is_fixed()
+        )
         incremental = not fixed and Capability.INCREMENTAL_PRIORITY in priority_can
         self._queues = GlobalQueues(
             priority,

@@ -252,6 +252,24 @@ class LLMEngine:
         events.clear()
         return drained
 
+    def kv_snapshot(self) -> list[KvEvent]:
+        """Every tier's contents as events (CLEARED, then STORED per block; L3: the pages this
+        engine wrote, as STORED only, since shared storage is not this engine's to clear), after
+        the events not drained yet, so that applying all of them in order gives what each tier holds
+        now.  For a subscriber that (re)started; [] when built without ``kv_events``."""
+        if self.kv_events is None or self.kv.cache is None:
+            return []
+        events = self.drain_kv_events() + self.kv.cache.snapshot_events()
+        if self.tiers is not None:
+            l2_cache = self.tiers.l2.cache
+            assert l2_cache is not None
+            events += l2_cache.snapshot_events()
+            by_namespace: dict[str | None, list[int]] = {}
+            for namespace, block_hash in sorted(self.tiers.resident(3), key=lambda k: (str(k[0]), k[1])):
+                by_namespace.setdefault(namespace, []).append(block_hash)
+            events += [KvEvent("stored", 3, ns, tuple(hashes)) for ns, hashes in by_namespace.items()]
+        return events
+
     def has_pending_transfers(self) -> bool:
         return self.tiers is not None and self.tiers.has_pending()
 

@@ -163,6 +163,17 @@ class RadixCache:
     def namespaces(self) -> list[Namespace]:
         return list(self._roots)
 
+    def snapshot_events(self) -> list[KvEvent]:
+        """What this tier holds, as the events a subscriber starting from nothing needs: a CLEARED,
+        then one STORED per cached block, parents first (``hashing`` caches only)."""
+        events = [KvEvent("cleared", self.tier, None, ())]
+        for namespace in self.namespaces():
+            for node in self.nodes(namespace):
+                parent = node.parent
+                parent_hash = parent.block_hash if parent is not None and parent.block_id >= 0 else None
+                events.append(KvEvent("stored", self.tier, namespace, (node.block_hash,), parent_hash, node.tag))
+        return events
+
     def drop(self, block_ids: Iterable[int], ref_counts: Sequence[int]) -> list[int]:
         """Remove the cached ``block_ids`` with everything cached below them, as far as only the
         cache holds those blocks (``ref_counts`` 1); a subtree with a held block keeps that block

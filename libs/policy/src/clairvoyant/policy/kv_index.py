@@ -16,53 +16,23 @@ the worker's entries are dropped and the worker is *stale* (scored as holding no
 sends a CLEARED, from which it rebuilds.  Speculative entries: a placement of a request with hashes
 marks its blocks as held (L1) on the chosen worker for ``speculative_ttl_s``, until a STORED
 confirms them; otherwise they expire.  Pure: every call that needs the time takes ``now``.
+Shared by the scheduler (routing) and the cache manager (its cluster index); the event values
+live in ``clairvoyant.core.kv_events``.
 """
 
 from __future__ import annotations
 
-import enum
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from clairvoyant.core.blockhash import BLOCK_TOKENS
+from clairvoyant.core.kv_events import KvBatch, KvBlockEvent, KvEventKind, KvTier
 from clairvoyant.policy.process_table import ProgramKey, program_key
 from clairvoyant.policy.types import QueuedRequest
 
 BlockKey = tuple[str, int]  # (tenant, chained block hash)
-
-
-class KvTier(enum.IntEnum):
-    L1 = 1  # device memory
-    L2 = 2  # host memory
-    L3 = 3  # shared storage
-
-
-class KvEventKind(enum.Enum):
-    STORED = "stored"
-    REMOVED = "removed"
-    CLEARED = "cleared"
-
-
-@dataclass(frozen=True, slots=True)
-class KvBlockEvent:
-    kind: KvEventKind
-    tier: KvTier
-    tenant: str = ""
-    block_hashes: tuple[int, ...] = ()
-    workflow_id: str = ""  # stored: the lineage's workflow (the session); "" for none
-
-
-@dataclass(frozen=True, slots=True)
-class KvBatch:
-    """One engine step's events of one worker, in order."""
-
-    worker_id: str
-    model: str
-    block_size: int  # tokens per block the hashes cover; 0 = not said
-    sequence: int  # +1 per batch
-    events: tuple[KvBlockEvent, ...] = ()
 
 
 class KvApplied(NamedTuple):
@@ -111,6 +81,7 @@ class KvIndex:
         self._workers: dict[str, _Worker] = {}
         self._shared: dict[str, Counter[BlockKey]] = {}  # model -> L3 block -> workers reporting it
         self._expiries: deque[tuple[float, str, BlockKey]] = deque()  # speculative, oldest first
+        self._held: Counter[BlockKey] = Counter()  # block -> (worker, tier) entries holding it
 
     # ---- events ---------------------------------------------------------------------------------
 
@@ -155,6 +126,10 @@ class KvIndex:
     def speculate(self, worker_id: str, request: QueuedRequest, now: float) -> int:
         """The request was placed on ``worker_id``: its prompt's blocks will be there shortly.
         Only for a known, fresh worker whose blocks the hashes can name; returns the entries added."""
+        return self.speculate_blocks(worker_id, request.tenant, request.prompt_block_hashes, now)
+
+    def speculate_blocks(self, worker_id: str, tenant: str, block_hashes: Sequence[int], now: float) -> int:
+        """``speculate`` for a bare chain of ``tenant``'s block hashes."""
         self.expire(now)
         worker = self._workers.get(worker_id)
         if (
@@ -167,8 +142,8 @@ class KvIndex:
         held = worker.blocks.get(KvTier.L1, {})
         expiry = now + self.speculative_ttl_s
         added = 0
-        for block_hash in request.prompt_block_hashes:
-            key = (request.tenant, block_hash)
+        for block_hash in block_hashes:
+            key = (tenant, block_hash)
             if key not in held:
                 worker.speculative[key] = expiry
                 self._expiries.append((expiry, worker_id, key))
@@ -227,6 +202,64 @@ class KvIndex:
     def workers(self) -> list[str]:
         return sorted(self._workers)
 
+    def model_of(self, worker_id: str) -> str | None:
+        worker = self._workers.get(worker_id)
+        return worker.model if worker is not None else None
+
+    def tiers_holding(self, worker_id: str, tenant: str, block_hash: int) -> list[KvTier]:
+        """The tiers of ``worker_id`` that reported the block, fastest first (speculation aside)."""
+        worker = self._workers.get(worker_id)
+        if worker is None:
+            return []
+        key = (tenant, block_hash)
+        return [tier for tier in sorted(worker.blocks) if key in worker.blocks[tier]]
+
+    def holders(self, tenant: str, block_hash: int) -> int:
+        """How many (worker, tier) entries hold the block."""
+        return self._held[(tenant, block_hash)]
+
+    @property
+    def distinct_blocks(self) -> int:
+        """Distinct (tenant, block hash) held by some worker in some tier."""
+        return len(self._held)
+
+    @property
+    def shared_blocks(self) -> int:
+        """Distinct (model, tenant, block hash) some worker reported in shared storage (L3)."""
+        return sum(len(blocks) for blocks in self._shared.values())
+
+    @property
+    def entries(self) -> int:
+        """(worker, tier, tenant, block hash) entries held."""
+        return sum(len(blocks) for w in self._workers.values() for blocks in w.blocks.values())
+
+    def leading_runs(
+        self, worker_id: str, tenant: str, hashes: Sequence[int], now: float
+    ) -> tuple[int, int, int]:
+        """The leading run of ``hashes`` the worker holds in L1 (speculative entries included), in
+        L1 or L2, and anywhere (the model's shared L3 included); zeros for a stale or unknown one."""
+        worker = self._workers.get(worker_id)
+        if worker is None or worker.stale:
+            return (0, 0, 0)
+        l1, l2 = worker.blocks.get(KvTier.L1, {}), worker.blocks.get(KvTier.L2, {})
+        shared = self._shared.get(worker.model, Counter())
+        runs = [0, 0, 0]
+        best = 1  # the slowest tier every block of the run so far is in (1: L1, 2: L2, 3: L3)
+        for block_hash in hashes:
+            key = (tenant, block_hash)
+            if key in l1 or worker.speculative.get(key, 0.0) > now:
+                tier = 1
+            elif key in l2:
+                tier = 2
+            elif shared[key] > 0:
+                tier = 3
+            else:
+                break
+            best = max(best, tier)
+            for t in range(best - 1, 3):
+                runs[t] += 1
+        return (runs[0], runs[1], runs[2])
+
     def check_integrity(self) -> None:
         """Assert that the session counts and the shared L3 counts match the blocks."""
         shared: dict[str, Counter[BlockKey]] = {}
@@ -239,7 +272,14 @@ class KvIndex:
                 if tier is KvTier.L3:
                     shared.setdefault(worker.model, Counter()).update(blocks.keys())
             assert not (worker.stale and any(worker.blocks.values())), f"{worker_id}: stale but holds blocks"
-        assert {m: +c for m, c in self._shared.items() if +c} == shared, "shared L3 counts drifted"
+        assert {m: +c for m, c in self._shared.items() if +c} == {m: c for m, c in shared.items() if c}, (
+            "shared L3 counts drifted"
+        )
+        held: Counter[BlockKey] = Counter()
+        for worker in self._workers.values():
+            for blocks in worker.blocks.values():
+                held.update(blocks.keys())
+        assert +self._held == held, "held counts drifted"
 
     # ---- internals ------------------------------------------------------------------------------
 
@@ -272,8 +312,10 @@ class KvIndex:
                 old = blocks[key]
                 if old is not None:
                     sessions[old] -= 1
-            elif event.tier is KvTier.L3:
-                self._shared.setdefault(worker.model, Counter())[key] += 1
+            else:
+                self._held[key] += 1
+                if event.tier is KvTier.L3:
+                    self._shared.setdefault(worker.model, Counter())[key] += 1
             blocks[key] = session
             if session is not None:
                 sessions[session] += 1
@@ -294,6 +336,9 @@ class KvIndex:
     def _forget(self, worker: _Worker, tier: KvTier, key: BlockKey, session: ProgramKey | None) -> None:
         if session is not None:
             worker.sessions[tier][session] -= 1
+        self._held[key] -= 1
+        if self._held[key] <= 0:
+            del self._held[key]
         if tier is KvTier.L3:
             shared = self._shared[worker.model]
             shared[key] -= 1
