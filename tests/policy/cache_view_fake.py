@@ -20,6 +20,7 @@ class FakeView:
         default_factory=dict
     )  # (tenant, wf, template)
     agents: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    calls: dict[tuple[str, str, str], list[tuple[int, ...]]] = field(default_factory=dict)  # most recent first
 
     def hold(self, worker_id: str, tier: Tier, *blocks: BlockUse) -> None:
         self.index.extend((worker_id, tier, block) for block in blocks)
@@ -61,3 +62,6 @@ class FakeView:
 
     def history_agents(self, tenant: str, workflow_id: str) -> Sequence[str]:
         return self.agents.get((tenant, workflow_id), [])
+
+    def chains(self, tenant: str, workflow_id: str, agent_id: str) -> Sequence[tuple[int, ...]]:
+        return self.calls.get((tenant, workflow_id, agent_id), [])

@@ -176,6 +176,11 @@ class CacheView(Protocol):
         """The agents of the workflow's finished calls, in order."""
         ...
 
+    def chains(self, tenant: str, workflow_id: str, agent_id: str) -> Sequence[tuple[int, ...]]:
+        """The block chains (prompt then response hashes) of ``agent_id``'s finished calls in the
+        workflow, most recent first: what a template naming that agent copies a prefix of."""
+        ...
+
 
 class CachePolicy(Protocol):
     def on_completion(self, call: CompletedCall, view: CacheView, now: float) -> list[CacheDirective]:

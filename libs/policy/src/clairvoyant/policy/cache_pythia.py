@@ -20,6 +20,8 @@ Choices where the paper is silent:
 * Without an annotation (or with confidence NONE/SHADOW, or an empty path) the call gets no
   directives: the engines' LRU stands.
 * A block with an unknown lineage agent ("") is live (nothing says it is transient).
+* Lineage is the call that first computed a block, so a continued conversation's later calls hold
+  earlier agents' blocks: a block in the chain of any call of a live agent is live too.
 * Dead means provably dead: while any future agent's template is still unknown (it may copy from
   any earlier call), every block of the workflow is live; the paper's cache manager always has the
   templates, ours learns them from the annotations it sees.
@@ -158,6 +160,14 @@ class PythiaCache:
     ) -> list[CacheDirective]:
         """Lines 5-10: free the dead blocks, retain the live ones and write them back to L3."""
         tenant, workflow_id = call.tenant, call.app_metadata.workflow_id if call.app_metadata else ""
+        # Blocks a future agent's template copies: the chains of the source agents' calls.  A
+        # block's lineage is the call that first computed it, so a later call's chain holds blocks
+        # of earlier agents too (a continued conversation): they are live through it.
+        copied: set[int] = set()
+        if live_agents is not ALL_LIVE:
+            for agent in live_agents:
+                for chain in view.chains(tenant, workflow_id, agent):
+                    copied.update(chain)
         dead: list[tuple[str, int]] = []
         live: dict[Tier, list[tuple[str, int]]] = {1: [], 2: []}  # (worker, hash) in L1, in L2
         in_l3: set[int] = set()
@@ -165,7 +175,7 @@ class PythiaCache:
             shared = view.references(tenant, block.block_hash) > 0
             if shared:
                 self.shared[(tenant, block.block_hash)] = None
-            if block.agent_id and block.agent_id not in live_agents and not shared:
+            if block.agent_id and block.agent_id not in live_agents and not shared and block.block_hash not in copied:
                 dead.append((worker_id, block.block_hash))
             elif tier == 3:
                 in_l3.add(block.block_hash)

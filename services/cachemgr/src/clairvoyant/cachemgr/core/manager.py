@@ -230,6 +230,13 @@ class CacheManagerCore:
     def history_agents(self, tenant: str, workflow_id: str) -> Sequence[str]:
         return [call.agent_id for call in self.history.calls(tenant, workflow_id)]
 
+    def chains(self, tenant: str, workflow_id: str, agent_id: str) -> Sequence[tuple[int, ...]]:
+        return [
+            (*call.prompt_hashes, *call.response_hashes)
+            for call in reversed(self.history.calls(tenant, workflow_id))
+            if call.agent_id == agent_id
+        ]
+
     def check_integrity(self) -> None:
         self.index.check_integrity()
         self.history.check_integrity()
