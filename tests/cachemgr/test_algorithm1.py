@@ -168,12 +168,12 @@ def blocks_of(instance: Instance, *calls: int) -> set[int]:
 def test_the_staged_prompt_is_the_next_prompt_up_to_its_new_part(steps: Sequence[Step]) -> None:
     store = trained_store(steps)
     staged = 0
-    for n, annotations, directives, _, instance in replay(steps, store):
-        assert annotations.confidence.name in ("LOW", "HIGH")
+    for n, served_with, directives, _, instance in replay(steps, store):
+        assert served_with.confidence.name in ("LOW", "HIGH")
         speculative = [d for d in directives if d.speculative]
         assert all(d.kind == "promote" and d.target_tier == 2 or d.kind == "pre_prefill" for d in speculative)
         for stage in speculative:  # the profile's template for the predicted agent, filled from history
-            assert n + 1 < len(steps) and stage.agent_id == steps[n + 1].agent == annotations.next_agents[0].agent_id
+            assert n + 1 < len(steps) and stage.agent_id == steps[n + 1].agent == served_with.next_agents[0].agent_id
             following = instance.prompts[n + 1]
             expected = len(following) - instance.new_parts[n + 1]
             assert list(stage.token_ids) == following[:expected], f"call {n + 1}"

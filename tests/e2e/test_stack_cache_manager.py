@@ -28,7 +28,13 @@ import grpc
 import pytest
 from openai import OpenAI
 
-from clairvoyant.contracts.v1 import cachemgr_pb2, cachemgr_pb2_grpc, common_pb2, profiler_pb2, profiler_pb2_grpc
+from clairvoyant.contracts.v1 import (
+    cachemgr_pb2,
+    cachemgr_pb2_grpc,
+    common_pb2,
+    profiler_pb2,
+    profiler_pb2_grpc,
+)
 from clairvoyant.gateway.keys import KeyStore
 from clairvoyant.stack import Stack, StackConfig
 
