@@ -9,6 +9,7 @@ import pytest
 
 from clairvoyant.contracts.v1 import common_pb2
 from clairvoyant.core.app_metadata import AppMetadata
+from clairvoyant.core.kv_events import KvBatch, KvBlockEvent, KvEventKind, KvTier
 from clairvoyant.core.wire import annotations_from_proto
 from clairvoyant.policy.pythia import (
     LengthBound,
@@ -168,6 +169,20 @@ def test_ties_go_to_the_programs_last_engine_then_the_smallest_id() -> None:
     assert sched.complete("b2", now=4.0)
     sched.submit(req("x", 5.0, prompt=10, max_tokens=10), now=5.0)
     assert placed(sched, 5.0) == [("x", "w0")]
+
+
+def test_ties_go_first_to_the_worker_the_kv_index_says_holds_the_sessions_blocks() -> None:
+    """§4.2.2: among equally safe nodes, the one already holding the request's context in host
+    memory (what the cache manager staged there shows in the workers' KV events)."""
+    sched = pythia(worker("w0"), worker("w1"))
+    sched.submit(req("a1", 0.0, prompt=10, max_tokens=10, workflow="A"), now=0.0)
+    assert placed(sched, 0.0) == [("a1", "w0")]  # no index data: the smallest id
+    assert sched.complete("a1", now=1.0)
+    staged = KvBlockEvent(KvEventKind.STORED, KvTier.L2, "t", (11, 12, 13), workflow_id="A")
+    sched.apply_kv_events(KvBatch("w1", CODE, 16, 1, (KvBlockEvent(KvEventKind.CLEARED, KvTier.L1), staged)), 1.5)
+    sched.apply_kv_events(KvBatch("w0", CODE, 16, 1, (KvBlockEvent(KvEventKind.CLEARED, KvTier.L1),)), 1.5)
+    sched.submit(req("a2", 2.0, prompt=10, max_tokens=10, workflow="A"), now=2.0)
+    assert placed(sched, 2.0) == [("a2", "w1")]  # w1 holds A's blocks in L2: it beats A's last engine w0
 
 
 # ---- the priority terms ---------------------------------------------------------------------------

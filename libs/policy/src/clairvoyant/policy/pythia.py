@@ -43,6 +43,7 @@ from clairvoyant.policy.scheduling import (
     PRIORITY_POLICIES,
     ROUTING_POLICIES,
     EngineSequence,
+    KvIndexView,
     LocalRule,
     PriorityChanges,
     SchedulerView,
@@ -111,9 +112,10 @@ class PythiaCapacityRouting:
     """Statistical capacity routing (§4.2.2, Alg. 2).
 
     Among the eligible workers, the capable ones (``capable``) are candidates; the request goes to
-    the one with the largest headroom C − Σ_{A ∪ {R}} u_i, ties to the worker the request's program
-    was last routed to (its prefix is likely cached there: our stand-in for "holds the required L2
-    host cache", which the scheduler cannot see), then the smallest worker id.  None (wait) when no
+    the one with the largest headroom C − Σ_{A ∪ {R}} u_i; ties (§4.2.2's cache-affinity
+    tie-breaker) to the worker holding the most of the request's context by the scheduler's KV index
+    (the workers' KV events: what the cache manager staged in L2 shows there), then to the worker
+    the request's program was last routed to, then the smallest worker id.  None (wait) when no
     eligible worker is capable; the scheduler then keeps the queue's order (head-of-line).
 
     Readings: A is the node's placements that have not completed (``placed_requests``); headroom
@@ -121,12 +123,16 @@ class PythiaCapacityRouting:
     it); a node with headroom exactly 0 is a candidate (line 9's strict ">" from 0 would refuse it).
     """
 
-    capabilities = frozenset({Capability.PROGRAM_AWARE, Capability.SCHEDULER_AWARE})
+    capabilities = frozenset({Capability.PROGRAM_AWARE, Capability.SCHEDULER_AWARE, Capability.KV_AWARE})
 
     def __init__(self, config: PythiaRoutingConfig | None = None) -> None:
         self.config = config or PythiaRoutingConfig()
         self._scheduler: SchedulerView | None = None
         self._programs: ProcessTable | None = None
+        self._kv: KvIndexView | None = None
+
+    def bind_kv_index(self, index: KvIndexView) -> None:
+        self._kv = index
 
     def bind_scheduler(self, scheduler: SchedulerView) -> None:
         self._scheduler = scheduler
@@ -149,21 +155,22 @@ class PythiaCapacityRouting:
     def route(self, request: QueuedRequest, workers: Sequence[WorkerView], now: float) -> str | None:
         program = self._programs.of(request) if self._programs is not None else None
         affine = program.engine_id if program is not None else None
-        best: tuple[float, bool, str] | None = None  # (headroom, not affine, worker id), smallest wins
+        cached = (self._kv.cached_tokens(request, now) if self._kv is not None else None) or {}
+        best: tuple[float, float, bool, str] | None = None  # (-headroom, -cached, not affine, id): smallest wins
         for worker in eligible_workers(request, workers):
             bound = length_bound(request, worker.max_model_len, self.config.alpha)
             load = self.load(worker)
             if not capable(load, bound, self.config.epsilon):
                 continue
-            key = (-(load.capacity_tokens - load.reserved_tokens - bound.tokens), worker.worker_id != affine,
-                   worker.worker_id)  # fmt: skip
+            key = (-(load.capacity_tokens - load.reserved_tokens - bound.tokens),
+                   -cached.get(worker.worker_id, 0.0), worker.worker_id != affine, worker.worker_id)  # fmt: skip
             if best is None or key < best:
                 best = key
         if best is None:
             return None
         if program is not None:
-            program.engine_id = best[2]  # the column a routing policy may write: the affinity
-        return best[2]
+            program.engine_id = best[3]  # the column a routing policy may write: the affinity
+        return best[3]
 
 
 # ---- priority: Alg. 3 -------------------------------------------------------------------------
