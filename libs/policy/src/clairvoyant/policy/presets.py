@@ -2,9 +2,8 @@
 
 The scheduler builds its priority and routing policies from it, each engine its local rule (the
 priority policy's ``ENGINE_RULE``, when it declares one), the cache manager its cache policy and
-the autoscaler its scaling policy; the simulator builds all of them from the same name.  The
-cache and scaling members of today's presets are the behaviour that exists today (LRU, a static
-replica count); docs/scheduling.md has the presets table.
+the autoscaler its scaling policy; the simulator builds all of them from the same name.
+docs/scheduling.md has the presets table, docs/cache-manager.md the cache policies.
 """
 
 from __future__ import annotations
