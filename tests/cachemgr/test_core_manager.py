@@ -309,3 +309,16 @@ def test_every_policy_runs_on_the_core_within_its_tenant_and_the_books_balance(n
     assert (stats.completions_seen, stats.live_workflows, stats.malformed_dropped) == (32, 0, 0)
     assert stats.speculative_used_tokens + stats.speculative_wasted_tokens == stats.speculative_tokens
     core.check_integrity()
+
+
+def test_a_pre_prefill_counts_as_held_on_its_worker_until_the_worker_confirms_or_the_ttl_runs_out() -> None:
+    staged = tokens(7, 3 * BLOCK_TOKENS)
+    chain = chain_hashes(staged)
+    policy = RecordingPolicy(
+        on_completion_answers=[[CacheDirective("pre_prefill", "w2", "t", token_ids=tuple(staged), speculative=True)]]
+    )
+    core, _ = core_with(policy)
+    core.on_completion(call("a1", tokens(9, 40), [], workflow_id="A"), 1.0)
+    assert core.view.residency("t", "m", chain)[1] == Residency("w2", 3, 3, 3)  # held ahead of its event
+    core.tick(3.5)  # 2 s of speculative TTL ran out with no STORED from w2
+    assert core.view.residency("t", "m", chain)[1] == Residency("w2", 0, 0, 0)

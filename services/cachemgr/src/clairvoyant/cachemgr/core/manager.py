@@ -31,7 +31,7 @@ from clairvoyant.cachemgr.core.values import (
     call_problem,
     out_of_range,
 )
-from clairvoyant.core.blockhash import BLOCK_TOKENS
+from clairvoyant.core.blockhash import BLOCK_TOKENS, chain_hashes
 from clairvoyant.core.kv_events import KvBatch
 from clairvoyant.core.templates import parse
 from clairvoyant.policy.cache import (
@@ -264,6 +264,8 @@ class CacheManagerCore:
             self._recent.append(directive)
             self._by_kind[directive.kind] += 1
             self.speculation.issue(directive, now)
+            if directive.kind == "pre_prefill":  # its blocks will be on that worker's device shortly
+                self.index.speculate(directive.worker_id, directive.tenant, chain_hashes(directive.token_ids), now)
         return issued
 
     def _gone(self, workflows: Sequence[WorkflowKey]) -> None:
