@@ -26,10 +26,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+from clairvoyant.bench import cache_policies  # noqa: F401  (registers the cache policies benchmark)
 from clairvoyant.bench.arrivals import parse_arrivals
 from clairvoyant.bench.common import RunBars, progress
 from clairvoyant.bench.experiment import (
     ANNOTATORS,
+    DEFAULT_LEFT_OUT,
     L3_KINDS,
     SCALING_KEYS,
     TIER_KEYS,
@@ -46,6 +48,7 @@ from clairvoyant.bench.live.run import DEFAULT_BASE_URL, DEFAULT_SCHEDULER, Live
 from clairvoyant.bench.parallel import default_jobs
 from clairvoyant.bench.workloads import WorkloadDataError, list_workloads
 from clairvoyant.policy import PRESETS, SCALING_POLICIES
+from clairvoyant.policy.cache import CACHE_POLICIES
 from clairvoyant.worker.core.tiers import WRITE_POLICIES
 
 COMMANDS = ("run", "compare", "merge", "matrix-report")
@@ -126,7 +129,8 @@ def add_parsers(commands: Any) -> None:
 
 
 def add_tier_arguments(group: Any) -> None:
-    """--host-cache, --l3, --l3-capacity-gb and --l3-write-policy (``ExperimentConfig``'s tier keys)."""
+    """--host-cache, --l3, --l3-capacity-gb, --l3-write-policy and --cache-policy (``ExperimentConfig``'s
+    tier keys and its cache manager)."""
     group.add_argument("--host-cache", default="0", metavar="GB|auto",
                        help="an L2 host KV pool per replica: 0 (none, the default), auto (half the GPU's share "
                             "of the node's DRAM) or GB per GPU")  # fmt: skip
@@ -135,12 +139,18 @@ def add_tier_arguments(group: Any) -> None:
     group.add_argument("--l3-capacity-gb", type=float, default=1000.0, metavar="GB", help="the L3 store's capacity")
     group.add_argument("--l3-write-policy", choices=WRITE_POLICIES, default="write_through",
                        help="when blocks are written to L3")
+    group.add_argument(
+        "--cache-policy",
+        choices=CACHE_POLICIES.names(),
+        default=None,
+        help="run a cache manager with this policy (default: none, the engines' LRU alone)",
+    )
 
 
 def tier_config(args: argparse.Namespace) -> dict[str, Any]:
     """The tier keys of ``ExperimentConfig`` from ``add_tier_arguments``' options."""
     return {"host_cache": args.host_cache, "l3": args.l3, "l3_capacity_gb": args.l3_capacity_gb,
-            "l3_write_policy": args.l3_write_policy}  # fmt: skip
+            "l3_write_policy": args.l3_write_policy, "cache_policy": args.cache_policy}  # fmt: skip
 
 
 def add_report_parsers(commands: Any) -> None:
@@ -159,9 +169,9 @@ def add_report_parsers(commands: Any) -> None:
 def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """One compare result holding every part's presets; raises ValueError if the parts' configs
     (hence instances) differ or a preset appears twice."""
-    # Older files lack newer keys; the scaling keys are in a file only when it scaled.
+    # Older files lack newer keys; the scaling, tier and cache keys are in a file only when set.
     defaults = {f.name: f.default for f in dataclasses.fields(ExperimentConfig)
-                if f.name not in SCALING_KEYS + TIER_KEYS}  # fmt: skip
+                if f.name not in (*SCALING_KEYS, *TIER_KEYS, *DEFAULT_LEFT_OUT)}  # fmt: skip
     parts = [{**part, "config": {**defaults, **part["config"]}} for part in parts]  # older files lack newer keys
     first = parts[0]
     merged = {**first, "policies": dict(first["policies"]), "wall_seconds": sum(p["wall_seconds"] for p in parts)}
@@ -261,8 +271,9 @@ def run_command(args: argparse.Namespace) -> int:
         check_tiers(config)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
-    if args.mode == "live" and (tiers_on(config) or args.l3 != "none"):
-        raise SystemExit("error: --host-cache and --l3 apply to --mode sim; live workers have their own settings")
+    if args.mode == "live" and (tiers_on(config) or args.l3 != "none" or args.cache_policy is not None):
+        raise SystemExit("error: --host-cache, --l3 and --cache-policy apply to --mode sim; "
+                         "live workers and the cache manager have their own settings")  # fmt: skip
     for each in [dataclasses.replace(config, scaling=name) for name in scalings] or [config]:
         try:
             check_scaling(each)
@@ -319,24 +330,31 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"| {policy} | " + " | ".join(f"{values[k]:.3g}" if k in values else "-" for k in shown) + " |")
     if scalings or config.scaling is not None:
         print(scaling_table(result))
-    if tiers_on(config):
+    if tiers_on(config) or config.cache_policy is not None:
         print(tier_table(result))
     progress(f"saved {args.out}")
     return 0
 
 
 def tier_table(result: dict[str, Any]) -> str:
-    """Markdown: per entry, the hit ratio by tier and the prefill tokens saved (``kv_tiers``)."""
-    lines = ["| entry | hit L1 | hit L2 | hit L3 | prefill tokens saved | demoted blocks | promoted blocks |",
-             "|---" + "|---:" * 6 + "|"]  # fmt: skip
+    """Markdown: per entry, the hit ratio by tier and the prefill tokens saved (``kv_tiers``), and
+    with a cache manager the speculative tokens it wasted."""
+    lines = ["| entry | hit L1 | hit L2 | hit L3 | prefill tokens saved | demoted blocks | promoted blocks "
+             "| speculative tokens | wasted |", "|---" + "|---:" * 8 + "|"]  # fmt: skip
     for name, metrics in result["policies"].items():
         tiers = metrics.get("kv_tiers")
         if tiers is None:
             continue
         ratio = tiers["hit_ratio"]
+        cache = metrics.get("cache_manager")
+        speculation = (
+            f"{cache['speculative_tokens']:,} | {cache['wasted_speculative_tokens']:,}"
+            if cache is not None
+            else "- | -"
+        )
         lines.append(
             f"| {name} | {ratio['l1']:.3f} | {ratio['l2']:.3f} | {ratio['l3']:.3f} | {tiers['prefill_tokens_saved']:,} "
-            f"| {tiers['demoted_blocks']:,} | {tiers['promoted_blocks']:,} |"
+            f"| {tiers['demoted_blocks']:,} | {tiers['promoted_blocks']:,} | {speculation} |"
         )
     return "\n".join(lines)
 

@@ -25,6 +25,12 @@ each replica gets an L2 host pool of ``host_cache`` (``auto``: half its GPU's sh
 DRAM, ``EmulatedRunner.default_num_host_blocks``; else GB per GPU), and with ``l3 = "memory"`` all
 replicas of a run share one ``MemoryL3`` of ``l3_capacity_gb``, counted in pages of the largest
 served model (a whole replica's KV of one block), so the store never holds more than that.
+
+A cache manager (``cache_policy``, a registered cache policy; None: none, as ever, and the key is
+absent from a results file's config): one for the run's replicas, its messages delayed as
+``CacheManagerDelays`` says (sim/cache_manager.py); the results get a ``cache_manager`` entry.
+``l1_fraction`` < 1 cuts each replica's device pool to that share (absent from the file at 1), so
+that a run small enough to be quick still has its contexts contend for L1.
 """
 
 from __future__ import annotations
@@ -43,9 +49,11 @@ from clairvoyant.bench.metrics import global_queue_by_model, jct_list, queue_dep
 from clairvoyant.bench.parallel import ProgressCallback, SimTask, run_tasks
 from clairvoyant.bench.sim.annotations import OracleAnnotator, ProfilerAnnotator, warm_up
 from clairvoyant.bench.sim.autoscaling import SimAutoscaler, fitting_counts, model_profile
+from clairvoyant.bench.sim.cache_results import cache_metrics
 from clairvoyant.bench.sim.lower_bound import RooflineServiceTime, ServiceTime
 from clairvoyant.bench.sim.simulator import Annotator, ReplicaSpec, SimProgress, Simulator
 from clairvoyant.bench.workloads import Workload, get_workload
+from clairvoyant.policy.cache import CACHE_POLICIES
 from clairvoyant.policy.scaling import SCALING_POLICIES, ModelProfile
 from clairvoyant.worker.core.engine import EngineConfig
 from clairvoyant.worker.core.l3 import L3Store, MemoryL3
@@ -80,11 +88,14 @@ class ExperimentConfig:
     l3: str = "none"  # none | memory (one store shared by the run's replicas; needs an L2)
     l3_capacity_gb: float = 1000.0  # the shared store's capacity
     l3_write_policy: WritePolicy = "write_through"
+    cache_policy: str | None = None  # a registered cache policy: the run has a cache manager
+    l1_fraction: float = 1.0  # of each replica's device KV pool (< 1: contexts contend for L1 in a small run)
 
 
 SCALING_KEYS = ("scaling", "gpu_budget", "scale_interval_s")  # in a results file only with scaling on
 TIER_KEYS = ("host_cache", "l3", "l3_capacity_gb", "l3_write_policy")  # only with an L2
 L3_KINDS = ("none", "memory")
+DEFAULT_LEFT_OUT = {"cache_policy": None, "l1_fraction": 1.0}  # in a results file only when not these
 
 
 def tiers_on(config: ExperimentConfig) -> bool:
@@ -106,12 +117,18 @@ def host_cache_gb(text: str) -> float | None:
 
 
 def check_tiers(config: ExperimentConfig) -> None:
-    """Raise ValueError for a bad host cache size, L3 kind, capacity or write policy."""
+    """Raise ValueError for a bad host cache size, L3 kind, capacity, write policy or cache policy."""
     host_cache_gb(config.host_cache)
     if config.l3 not in L3_KINDS:
         raise ValueError(f"unknown l3 {config.l3!r}; choose from {', '.join(L3_KINDS)}")
     if config.l3 != "none" and not tiers_on(config):
         raise ValueError("an L3 store needs an L2 host pool: give a host cache size")
+    if config.cache_policy is not None and config.cache_policy not in CACHE_POLICIES.names():
+        raise ValueError(
+            f"unknown cache policy {config.cache_policy!r}; choose from {', '.join(CACHE_POLICIES.names())}"
+        )
+    if not 0 < config.l1_fraction <= 1:
+        raise ValueError(f"l1_fraction must be in (0, 1], got {config.l1_fraction}")
     if not config.l3_capacity_gb > 0:
         raise ValueError(f"l3 capacity must be > 0 GB, got {config.l3_capacity_gb}")
     if config.l3_write_policy not in WRITE_POLICIES:
@@ -165,7 +182,7 @@ def replica_spec(
     tiers = TierConfig(num_host_blocks=host_blocks(runner, config), write_policy=config.l3_write_policy)
     engine = EngineConfig(
         block_size=config.block_size,
-        num_blocks=runner.default_num_blocks(config.block_size) or 1024,
+        num_blocks=max(1, int((runner.default_num_blocks(config.block_size) or 1024) * config.l1_fraction)),
         max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens,
         tiers=tiers,
@@ -278,7 +295,9 @@ def _profiler_annotator(workload: Workload, config: ExperimentConfig, service: M
     if config.warmup_workflows > 0:
         warm = dataclasses.replace(config, workflows=config.warmup_workflows, seed=config.seed + WARMUP_SEED_OFFSET)
         arrivals, backlog = instance(workload, warm, prefix="warmup")
-        warm_up(annotator, build_cluster(workload, config)[0], arrivals, backlog=backlog, seed=warm.seed)
+        # The profile is the workflows' shape, not the cluster's: a cut L1 would only slow the warm-up.
+        cluster = build_cluster(workload, dataclasses.replace(config, l1_fraction=1.0))[0]
+        warm_up(annotator, cluster, arrivals, backlog=backlog, seed=warm.seed)
     return annotator
 
 
@@ -319,7 +338,8 @@ def run_sim(
     else:
         annotator = copy.deepcopy(annotator)
     started = time.perf_counter()
-    simulator = Simulator(replicas, policy, seed=config.seed, service_times=service, annotator=annotator)
+    simulator = Simulator(replicas, policy, seed=config.seed, service_times=service, annotator=annotator,
+                          cache_policy=config.cache_policy)  # fmt: skip
     l3 = next((spec.l3 for spec in replicas), None)
     autoscaler = _autoscaler(simulator, workload, config, l3) if config.scaling is not None else None
     records = simulator.run(arrivals, backlog=backlog, progress=progress)
@@ -334,6 +354,8 @@ def run_sim(
         result["scaling"] = config.scaling
         result["autoscaling"] = autoscaler.finish(simulator.events.now).summary()
         result["global_queue_s_by_model"] = global_queue_by_model(records)
+    if records.cache_manager is not None:
+        result["cache_manager"] = cache_metrics(records)
     return result
 
 
@@ -372,6 +394,7 @@ def config_dict(config: ExperimentConfig) -> dict[str, Any]:
     """The config as a results file holds it: without the scaling keys when scaling is off, nor
     the tier keys when there is no L2 (the files of earlier runs read as they always have)."""
     left_out = (() if config.scaling is not None else SCALING_KEYS) + (() if tiers_on(config) else TIER_KEYS)
+    left_out += tuple(key for key, default in DEFAULT_LEFT_OUT.items() if getattr(config, key) == default)
     return {k: v for k, v in vars(config).items() if k not in left_out}
 
 

@@ -79,6 +79,31 @@ class KvTierTotals:
         )
 
 
+@dataclass(frozen=True)
+class CacheManagerTotals:
+    """What a run's cache manager did (simulated runs with a cache policy; else None).
+
+    Directives are counted by kind.  Speculative tokens are those the applied speculative
+    directives (promote, pre-prefill on a prediction) named, counted once per block and worker;
+    used: a later call on that worker was served them from its cache; the rest were wasted."""
+
+    policy: str
+    directives_issued: dict[str, int] = field(default_factory=dict)
+    directives_applied: dict[str, int] = field(default_factory=dict)
+    directives_refused: dict[str, int] = field(default_factory=dict)  # by the engine, or its worker had left
+    speculative_tokens: int = 0
+    speculative_tokens_used: int = 0
+    completions_seen: int = 0  # the core's counters at the end of the run
+    events_seen: int = 0
+    indexed_blocks: int = 0
+    core_speculative_tokens: int = 0  # the core's own count: named by the speculative directives it issued
+    core_wasted_speculative_tokens: int = 0  # of those, unused when their speculation closed
+
+    @property
+    def wasted_speculative_tokens(self) -> int:
+        return self.speculative_tokens - self.speculative_tokens_used
+
+
 @dataclass
 class RunRecords:
     calls: list[CallResult] = field(default_factory=list)
@@ -87,4 +112,5 @@ class RunRecords:
     preemptions: int = 0
     cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)
     kv_tiers: KvTierTotals | None = None  # the engines' tier counters (simulated runs; live: None)
+    cache_manager: CacheManagerTotals | None = None  # simulated runs with a cache policy
     duration_s: float = 0.0  # first arrival to last completion (virtual or wall seconds)

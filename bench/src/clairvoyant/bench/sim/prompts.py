@@ -49,6 +49,10 @@ class PromptBook:
         self._prompts[call.call_id] = ids
         return ids
 
+    def prompt_of(self, call_id: str) -> list[int]:
+        """The ids ``prompt`` built for ``call_id`` ([] once forgotten, or never built)."""
+        return self._prompts.get(call_id, [])
+
     def record_response(self, call_id: str, token_ids: list[int]) -> None:
         self._responses[call_id] = token_ids
 

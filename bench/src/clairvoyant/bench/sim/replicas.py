@@ -7,7 +7,9 @@ next steps are plain decodes of an unchanging batch (``LLMEngine.plan_decode_run
 run in one event; ``cut`` ends such a run with the step in flight (where a new call would join the
 batch step by step), and ``boundary_reports`` gives the KV usage the replica would have reported at
 its last step boundary, so the results equal the step-by-step ones.  ``abort_waiting`` takes calls
-that never started out of a replica's engine queue once its step in flight is delivered.
+that never started out of a replica's engine queue once its step in flight is delivered, and
+``between_steps`` runs an action on an engine (a cache directive) where a live engine loop would:
+now, or once the decode run in flight commits.
 """
 
 from __future__ import annotations
@@ -60,17 +62,21 @@ class DecodeRunInFlight:
 
 
 class Replica:
-    def __init__(self, spec: ReplicaSpec, clock: Callable[[], float]) -> None:
+    def __init__(self, spec: ReplicaSpec, clock: Callable[[], float], *, kv_events: bool = False) -> None:
+        """``kv_events``: the engine records ``KvEvent``s (``engine.drain_kv_events``), for a cache manager."""
         self.worker_id = spec.worker_id
         self.runner = spec.runner
         self.model = spec.runner.info.name
         # L3 jobs run inline (done at once, deterministic); the runner charges their modelled time.
         executor = InlineExecutor() if spec.l3 is not None else None
-        self.engine = LLMEngine(spec.runner, spec.config, clock=clock, l3=spec.l3, executor=executor)
+        self.engine = LLMEngine(
+            spec.runner, spec.config, clock=clock, l3=spec.l3, executor=executor, kv_events=kv_events
+        )
         self.busy = False
         self.run: DecodeRunInFlight | None = None
         self.imports: list[KvPrefix] = []  # arrived during a run: cached once its step in flight commits
         self.aborts: list[str] = []  # waiting calls to abort once the step in flight is delivered
+        self.deferred: list[Callable[[], None]] = []  # engine actions waiting for the decode run to commit
 
     def report(self, kv_blocks_used: int | None = None) -> WorkerReport:
         stats = self.engine.stats()
@@ -147,6 +153,17 @@ class ReplicaStepper:
             self.cut(replica, now)
             replica.imports.append(prefix)
 
+    def between_steps(self, replica: Replica, action: Callable[[], None]) -> None:
+        """Run ``action`` on ``replica``'s engine between two steps: now, or, during a decode run
+        (whose steps the engine has not taken yet), once the step in flight commits; then the
+        replica steps if the action gave it work (a pre-prefill)."""
+        if replica.run is None:
+            action()
+            self.wake(replica)
+        else:
+            self.cut(replica, self.events.now)
+            replica.deferred.append(action)
+
     def abort_waiting(self, replica: Replica, request_ids: list[str]) -> None:
         """Abort calls WAITING in ``replica``'s engine (in no batch) as soon as its step in flight
         is delivered, or now when none is.  Waiting at the step's delivery, as they would have been
@@ -182,10 +199,12 @@ class ReplicaStepper:
             return
         outputs = replica.engine.step()
         for seq in replica.engine.last_schedule.admitted:
-            self._started(seq.request_id, start)
+            if not seq.background:  # a pre-prefill is no call
+                self._started(seq.request_id, start)
         duration = replica.runner.last_step_seconds
         for seq, _ in replica.engine.last_schedule.chunks:
-            self._service[seq.request_id] = self._service.get(seq.request_id, 0.0) + duration
+            if not seq.background:
+                self._service[seq.request_id] = self._service.get(seq.request_id, 0.0) + duration
         self.events.at(start + duration, Phase.STEP_DONE, lambda: self._delivered(replica, outputs))
 
     def _run_done(self, replica: Replica, run: DecodeRunInFlight, steps: int) -> None:
@@ -199,6 +218,9 @@ class ReplicaStepper:
         for prefix in replica.imports:
             import_prefix(replica.engine.kv, replica.runner, prefix)
         replica.imports.clear()
+        for action in replica.deferred:
+            action()
+        replica.deferred.clear()
         self._delivered(replica, outputs)
 
     def _delivered(self, replica: Replica, outputs: list[RequestOutput]) -> None:

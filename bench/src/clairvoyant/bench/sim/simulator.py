@@ -6,7 +6,9 @@
 
 The replicas step on their own (replicas.py); the scheduler sees a replica's state after every
 step, as if heartbeats were instant.  A placement naming a ``kv_source`` may wait for a KV move
-(kv_migration.py).  Deterministic: the same inputs give the same records, byte for byte, with or
+(kv_migration.py).  With a cache policy, one cache manager core for the run hears the replicas'
+KV events and loads and the calls' completion records, and its directives act on the replicas
+(cache_manager.py).  Deterministic: the same inputs give the same records, byte for byte, with or
 without ``fast_forward``.  docs/benchmarks.md ("How the simulator runs") tells the whole design.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import NamedTuple, Protocol
@@ -21,6 +24,12 @@ from typing import NamedTuple, Protocol
 import torch
 
 from clairvoyant.bench.records import CallResult, KvTierTotals, RunRecords
+from clairvoyant.bench.sim.cache_manager import (
+    DEFAULT_DELAYS,
+    CacheManagerDelays,
+    SimCacheManager,
+    completed_call,
+)
 from clairvoyant.bench.sim.events import EventQueue, Phase
 from clairvoyant.bench.sim.kv_migration import KvMigrations, Migration
 from clairvoyant.bench.sim.lower_bound import ServiceTime, lower_bound
@@ -31,6 +40,7 @@ from clairvoyant.bench.sim.workflows import WorkflowProgress
 from clairvoyant.core.annotations import SysAnnotations
 from clairvoyant.core.app_metadata import AppMetadata
 from clairvoyant.core.errors import InvalidRequest
+from clairvoyant.policy.cache import CachePolicy, CompletedCall
 from clairvoyant.scheduler.core import Decision, GlobalScheduler, QueuedRequest
 from clairvoyant.worker.core.engine import EngineRequest, RequestOutput
 from clairvoyant.worker.core.kv_transfer import KvPrefix
@@ -40,9 +50,10 @@ from clairvoyant.worker.core.sequence import SequenceStatus
 from clairvoyant.worker.core.types import Lineage
 from clairvoyant.workloads.program import Call, WorkflowProgram
 
-# ReplicaSpec, SteppedRunner, Migration and TENANT belong to the simulator's interface too.
+# ReplicaSpec, SteppedRunner, Migration, TENANT and CacheManagerDelays belong to its interface too.
 __all__ = [
     "PROGRESS_EVERY_S",
+    "CacheManagerDelays",
     "TENANT",
     "Annotator",
     "Migration",
@@ -92,6 +103,7 @@ class Ticker(Protocol):
         ...
 
 
+RECURSION_LIMIT = 50_000  # frames, while a run goes (``advance``)
 IDLE_TICKS_LIMIT = 10_000  # ticks with no event left and workflows unfinished before a run gives up
 
 
@@ -110,6 +122,9 @@ class Simulator:
         scheduler: GlobalScheduler | None = None,
         annotator: Annotator | None = None,
         migrate_kv: bool = True,
+        cache_policy: str | CachePolicy | None = None,
+        record_completions: bool = False,
+        cachemgr_delays: CacheManagerDelays = DEFAULT_DELAYS,
     ) -> None:
         """``service_times``: each model's batch-1 service time, for the lower bound (none: 0).
         ``fast_forward``: take decode runs in one event (the results are the same).
@@ -117,13 +132,19 @@ class Simulator:
         instead of ``preset``'s; it must have no workers yet.
         ``annotator``: gives each call its annotations (none: every call is unannotated).
         ``migrate_kv``: move a session's KV where ``Decision.kv_source`` says (kv_migration.py);
-        off: such calls recompute.  ``migrations`` lists the moves made."""
+        off: such calls recompute.  ``migrations`` lists the moves made.
+        ``cache_policy``: a registered cache policy's name (or a policy object): the run gets a
+        cache manager (``cache_manager``; ``RunRecords.cache_manager`` says what it did), its
+        messages delayed by ``cachemgr_delays``.  None: no cache manager, the engines evict LRU on their own.
+        ``record_completions``: ``completions`` lists every call's ``CompletedCall``, in order
+        of ending (refused calls too, not ``ok``)."""
         self.service_times = dict(service_times or {})
         self.migrate_kv = migrate_kv
         self.fast_forward = fast_forward
         self.annotator = annotator
         self.events = EventQueue()
-        self.replicas = {spec.worker_id: Replica(spec, lambda: self.events.now) for spec in replicas}
+        self._kv_events = cache_policy is not None
+        self.replicas = {spec.worker_id: self._replica(spec) for spec in replicas}
         self.scheduler = scheduler or GlobalScheduler.from_preset(preset, max_queue_per_model=1_000_000)
         for replica in self.replicas.values():
             replica.engine.scheduler.rule = self.scheduler.engine_rule()
@@ -147,11 +168,25 @@ class Simulator:
         self._workflows_done = 0
         self._think_time_s = 0.0
         self._submitted = False  # a call joined the global queue since depths were last recorded
-        self._ticker: Ticker | None = None
+        self._tickers: list[Ticker] = []
         self._removed_preemptions = 0  # of replicas that have left the run
         self._removed_tiers = KvTierTotals()  # their KV tier counters
+        self.record_completions = record_completions
+        self.completions: list[CompletedCall] = []
+        self._served_with: dict[str, SysAnnotations | None] = {}  # call id -> its annotations (for completions)
+        self.cache_manager: SimCacheManager | None = None
+        if cache_policy is not None:
+            self.cache_manager = SimCacheManager(
+                cache_policy, self.replicas, self.events, self._stepper, delays=cachemgr_delays
+            )
+            self.attach(self.cache_manager)
         for replica in self.replicas.values():
             self.scheduler.update_worker(replica.report(), 0.0)
+            if self.cache_manager is not None:
+                self.cache_manager.joined(replica)
+
+    def _replica(self, spec: ReplicaSpec) -> Replica:
+        return Replica(spec, lambda: self.events.now, kv_events=self._kv_events)
 
     # ---- driving -------------------------------------------------------------------------------
 
@@ -184,6 +219,10 @@ class Simulator:
         preemptions += self._removed_preemptions
         records = self._recorder.assemble(self.events.now, preemptions, partial=until is not None)
         records.kv_tiers = sum((r.tier_totals() for r in self.replicas.values()), self._removed_tiers)
+        if self.cache_manager is not None:
+            if until is None:
+                self.cache_manager.finish()
+            records.cache_manager = self.cache_manager.totals()
         return records
 
     def progress(self) -> SimProgress:
@@ -206,10 +245,14 @@ class Simulator:
         # reference counting frees everything, so the collector is paused for the run.
         collecting = gc.isenabled()
         gc.disable()
+        # A drop directive walks a radix subtree recursively, one frame per node: a 90K-token
+        # swe_agent context is a chain of thousands of nodes, deeper than Python's default limit.
+        depth = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(depth, RECURSION_LIMIT))
         end = float("inf") if until is None else until
         try:
-            if self._ticker is not None:
-                self._advance_ticking(self._ticker, end, progress)
+            if self._tickers:
+                self._advance_ticking(end, progress)
             elif progress is None:
                 self.events.run(end)
             else:
@@ -218,21 +261,28 @@ class Simulator:
                     progress(self.progress())  # after the last slice: where the run ends
         finally:
             torch.set_num_threads(threads)
+            sys.setrecursionlimit(depth)
             if collecting:
                 gc.enable()
 
-    def _advance_ticking(
-        self, ticker: Ticker, end: float, progress: Callable[[SimProgress], None] | None
-    ) -> None:
+    def _advance_ticking(self, end: float, progress: Callable[[SimProgress], None] | None) -> None:
         """The events up to each tick, then the tick, until nothing is left to happen.
 
-        A tick comes after every event due at or before it.  The run ends at its last event (not
-        at a tick after it), so a ticker that changes nothing leaves every record as without it."""
+        A tick comes after every event due at or before it; of tickers due at once, the one
+        attached first ticks first.  The run ends at its last event (not at a tick after it), so
+        a ticker that changes nothing leaves every record as without it."""
         reported = 0.0
         idle_ticks = 0
-        while (due := ticker.next_tick) <= end:
-            self.events.run(due)
-            if self.events.next_time() is None and self._workflows_done == self._workflows_total:
+        while True:
+            ticker = min(self._tickers, key=lambda t: t.next_tick)  # the first of equals
+            due = ticker.next_tick
+            if due > end:
+                break
+            upcoming = self.events.next_time()
+            if upcoming is not None and upcoming <= due:
+                self.events.run(upcoming)  # one instant at a time: its events may bring a tick forward
+                continue
+            if upcoming is None and self._workflows_done == self._workflows_total:
                 break
             self.events.now = due  # every event left is later
             ticker.tick()
@@ -250,16 +300,18 @@ class Simulator:
     # ---- replicas joining and leaving (the autoscaler's hooks) ---------------------------------
 
     def attach(self, ticker: Ticker) -> None:
-        """Have ``ticker`` act between events from now on (one at a time)."""
-        self._ticker = ticker
+        """Have ``ticker`` act between events from now on, besides those attached before."""
+        self._tickers.append(ticker)
 
     def add_replica(self, spec: ReplicaSpec) -> Replica:
         """A replica joins now: the scheduler hears of it and may place calls on it at once."""
         if spec.worker_id in self.replicas:
             raise ValueError(f"replica {spec.worker_id!r} is already in the run")
-        replica = self.replicas[spec.worker_id] = Replica(spec, lambda: self.events.now)
+        replica = self.replicas[spec.worker_id] = self._replica(spec)
         replica.engine.scheduler.rule = self.scheduler.engine_rule()
         self.scheduler.update_worker(replica.report(), self.events.now)
+        if self.cache_manager is not None:
+            self.cache_manager.joined(replica)
         self._dispatch()
         return replica
 
@@ -311,6 +363,8 @@ class Simulator:
         self._removed_preemptions += replica.engine.stats().preemptions_total
         self._removed_tiers += replica.tier_totals()
         self.scheduler.remove_worker(worker_id)
+        if self.cache_manager is not None:
+            self.cache_manager.left(worker_id)
 
     # ---- workflows and the global scheduler ----------------------------------------------------
 
@@ -334,6 +388,8 @@ class Simulator:
             prompt_tokens=call.prompt_tokens, max_tokens=call.output_tokens, app_metadata=meta,
             annotations=None if self.annotator is None else self.annotator.annotate(program, call, now),
         )  # fmt: skip
+        if self.record_completions or self.cache_manager is not None:
+            self._served_with[call.call_id] = request.annotations
         self.scheduler.submit(request, now)
         self._submitted = True
 
@@ -406,6 +462,7 @@ class Simulator:
         record.rejected, record.end_time = reason, now
         self.scheduler.complete(record.call_id)
         self.prompts.record_response(record.call_id, [])  # later prompts that quote it get nothing
+        self._completed(record, [])
         self._observe(record)
         self._release_dependents(self._progress.programs[record.workflow_id], record, now)  # no output: no tool
 
@@ -425,6 +482,8 @@ class Simulator:
                 finished.append(out)
         for out in finished:
             self._finish(out, now)
+        if self.cache_manager is not None:
+            self.cache_manager.stepped(replica)
         self.scheduler.update_worker(replica.report(), now)
         self._dispatch()
 
@@ -434,9 +493,27 @@ class Simulator:
         record.generated_tokens = out.completion_tokens
         service = self._stepper.take_service(out.request_id)
         self.scheduler.complete(out.request_id, now=now, service_s=service, output_tokens=out.completion_tokens)
-        self.prompts.record_response(out.request_id, self._outputs.pop(out.request_id))
+        output = self._outputs.pop(out.request_id)
+        self.prompts.record_response(out.request_id, output)
+        self._completed(record, output)
         self._observe(record)
         self._release_dependents(self._progress.programs[record.workflow_id], record, now + record.tool_latency_s)
+
+    def _completed(self, record: CallResult, output: list[int]) -> None:
+        """The call's completion record, for the cache manager and ``completions``."""
+        if not self.record_completions and self.cache_manager is None:
+            return
+        replica = self.replicas.get(record.worker_id)
+        call = completed_call(
+            record, self._progress.programs[record.workflow_id], prompt_ids=self.prompts.prompt_of(record.call_id),
+            output_ids=output, annotations=self._served_with.pop(record.call_id, None),
+            block_size=replica.engine.config.block_size if replica is not None else 16, tenant=TENANT,
+            last=self._progress.is_last_call(record.workflow_id),
+        )  # fmt: skip
+        if self.record_completions:
+            self.completions.append(call)
+        if self.cache_manager is not None:
+            self.cache_manager.completed(call)
 
     def _observe(self, record: CallResult) -> None:
         if self.annotator is not None:
