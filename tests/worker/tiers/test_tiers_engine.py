@@ -8,7 +8,7 @@ import pytest
 from clairvoyant.worker.core.engine import EngineConfig, EngineRequest, LLMEngine
 from clairvoyant.worker.core.l3 import MemoryL3
 from clairvoyant.worker.core.sampling import SamplingParams
-from clairvoyant.worker.core.tiers import TierConfig
+from clairvoyant.worker.core.tiers import Directive, TierConfig
 from clairvoyant.worker.core.types import Lineage
 from clairvoyant.worker.runners.loader import load_runner
 from tests.worker.fakes import drain
@@ -87,3 +87,25 @@ def test_a_path_longer_than_l2_leaves_its_head_there() -> None:
     _, cached = run(e, request("c", SHARED + [1, 2, 3]))
     l1, l2, _ = e.stats().hit_tokens
     assert 0 < l2 <= 3 * BS and cached == l1 + l2
+
+
+def test_retaining_a_chains_last_block_pins_its_whole_prefix_and_a_full_pool_still_allocates() -> None:
+    """A retain by hash names one block; its ancestors are pinned with it, so no cached-only block
+    is left unevictable under a pinned tail, and a request needing every other block still runs."""
+    e = engine(num_blocks=12)
+    run(e, request("a", SHARED + [9]))  # 5 whole prompt blocks cached
+    cache = e.kv.cache
+    assert cache is not None
+    last = max(cache.nodes("acme"), key=lambda n: len(n.path()))
+    assert len(last.path()) >= 5
+    pinned = e.apply_directive(Directive("retain", "acme", block_hashes=(last.block_hash,), ttl_s=60.0))
+    assert pinned == len(last.path())
+    tokens, _ = run(e, request("b", OTHER[: (12 - pinned - 1) * BS]))  # every block the pins leave
+    assert len(tokens) == 8
+    assert e.tiers is not None and {n.block_id for n in last.path()} <= set(e.tiers.retained_blocks(1))
+    # Dropping the chain's head drops the pinned tail with it (it is useless without its prefix),
+    # and the pool is whole again.
+    head = last.path()[0]
+    e.apply_directive(Directive("drop", "acme", block_hashes=(head.block_hash,), target_tier=1))
+    assert e.tiers.retained_blocks(1) == []
+    run(e, request("c", OTHER))  # needs all 12 blocks

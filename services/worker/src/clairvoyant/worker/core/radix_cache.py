@@ -51,6 +51,13 @@ class BlockTag:
 HeldInsert = tuple[Namespace, int | None, tuple[int, ...], int, BlockTag]
 
 
+class _Unknown:
+    """The namespace argument left out (None is a namespace: requests without a tenant)."""
+
+
+_UNKNOWN = _Unknown()
+
+
 class RadixNode:
     __slots__ = ("block_hash", "block_id", "children", "key", "last_access", "parent", "tag")
 
@@ -130,14 +137,16 @@ class RadixCache:
                 parent.block_hash if parent.block_id >= 0 else None, nodes[0].tag,
             ))  # fmt: skip
 
-    def _removed(self, nodes: Sequence[RadixNode]) -> None:
+    def _removed(self, nodes: Sequence[RadixNode], namespace: Namespace | _Unknown = _UNKNOWN) -> None:
         """Report unlinked ``nodes`` (``namespace_of`` must still resolve: call before unlinking
-        the last of a namespace, or pass nodes whose parent chain is intact)."""
+        the last of a namespace, or pass nodes whose parent chain is intact; or name their
+        ``namespace``, which spares the walk up to the root)."""
         if not self.hashing or not nodes:
             return
         by_namespace: dict[Namespace, list[int]] = {}
+        known = namespace
         for node in nodes:
-            namespace = self.namespace_of(node)
+            namespace = self.namespace_of(node) if isinstance(known, _Unknown) else known
             self._node_of_hash.pop((namespace, node.block_hash), None)
             by_namespace.setdefault(namespace, []).append(node.block_hash)
         if self.events is not None:
@@ -181,17 +190,25 @@ class RadixCache:
         nodes = self._node_of_block
         removed: list[int] = []
 
-        def remove_below(node: RadixNode) -> None:
-            for child in list(node.children.values()):
-                remove_below(child)
-            if node.children or nodes.get(node.block_id) is not node or ref_counts[node.block_id] != 1:
-                return
-            self._removed((node,))
-            parent = node.parent
-            assert parent is not None
-            del parent.children[node.key]
-            del nodes[node.block_id]
-            removed.append(node.block_id)
+        def remove_below(top: RadixNode) -> None:
+            # Post-order without recursion (a long chain is thousands of nodes deep): a node is
+            # pushed again, marked, beneath its children, and judged once they are done.
+            namespace = self.namespace_of(top) if self.hashing else None
+            stack: list[tuple[RadixNode, bool]] = [(top, False)]
+            while stack:
+                node, children_done = stack.pop()
+                if not children_done:
+                    stack.append((node, True))
+                    stack.extend((child, False) for child in reversed(list(node.children.values())))
+                    continue
+                if node.children or nodes.get(node.block_id) is not node or ref_counts[node.block_id] != 1:
+                    continue
+                self._removed((node,), namespace)
+                parent = node.parent
+                assert parent is not None
+                del parent.children[node.key]
+                del nodes[node.block_id]
+                removed.append(node.block_id)
 
         for block_id in block_ids:
             node = nodes.get(block_id)

@@ -201,6 +201,35 @@ def _fetch(store: L3Store, keys: list[str], min_pages: int) -> list[bytes]:
     return pages
 
 
+def _with_ancestors(nodes: Iterable[RadixNode]) -> list[RadixNode]:
+    """``nodes`` and every cached node above them, each chain root-most first (a pinned block is
+    only evictable-safe, and only useful, with its whole prefix).  Linear in the nodes returned."""
+    seen: set[int] = set()
+    ordered: list[RadixNode] = []
+    for node in nodes:
+        chain: list[RadixNode] = []
+        current: RadixNode | None = node
+        while current is not None and current.block_id >= 0 and current.block_id not in seen:
+            seen.add(current.block_id)
+            chain.append(current)
+            current = current.parent
+        ordered.extend(reversed(chain))
+    return ordered
+
+
+def _subtree_blocks(nodes: Iterable[RadixNode]) -> list[int]:
+    """The blocks of ``nodes`` and of every node below them, each once."""
+    seen: set[int] = set()
+    stack = list(nodes)
+    while stack:
+        node = stack.pop()
+        if node.block_id in seen:
+            continue
+        seen.add(node.block_id)
+        stack.extend(node.children.values())
+    return list(seen)
+
+
 class KvTiers:
     """The L2 pool and the L3 store of one engine, and the operations between the tiers.
 
@@ -536,13 +565,7 @@ class KvTiers:
 
     def _write_nodes(self, tier: Tier, nodes: Iterable[RadixNode], namespace: Namespace) -> int:
         """Put ``nodes``' whole paths (a page is only usable behind its ancestors) to L3."""
-        seen: set[int] = set()
-        todo: list[RadixNode] = []
-        for node in nodes:
-            for n in node.path():
-                if n.block_id not in seen and (namespace, n.block_hash) not in self._in_l3:
-                    seen.add(n.block_id)
-                    todo.append(n)
+        todo = [n for n in _with_ancestors(nodes) if (namespace, n.block_hash) not in self._in_l3]
         if not todo:
             return 0
         ids = [n.block_id for n in todo]
@@ -703,7 +726,9 @@ class KvTiers:
                 continue
             blocks = [n.block_id for n in nodes]
             retained = self._retained[t - 1]
-            pins = [b for b in blocks if retained.pop(b, None) is not None]
+            # Dropping a block drops what hangs below it: unpin retained blocks there too, or an
+            # unpinned head would stay cached-only under a pinned tail (unevictable).
+            pins = [b for b in _subtree_blocks(nodes) if retained.pop(b, None) is not None]
             pool.unpin(pins)
             if t == 1:
                 self._no_keep.update(blocks)
@@ -725,7 +750,7 @@ class KvTiers:
         retained = self._retained[tier - 1]
         budget = int(pool.num_blocks * self.config.max_retained_fraction) - len(retained)
         fresh: list[int] = []
-        for node in self._select(tier, d):
+        for node in _with_ancestors(self._select(tier, d)):
             b = node.block_id
             if b in retained:
                 retained[b] = max(retained[b], until)
