@@ -15,6 +15,7 @@ from clairvoyant.bench.sim.simulator import ReplicaSpec, Simulator, SteppedRunne
 from clairvoyant.bench.sim.unit_time import UnitTimeRunner
 from clairvoyant.contracts.v1 import common_pb2
 from clairvoyant.core.annotations import SysAnnotations
+from clairvoyant.policy.cache import CompletedCall
 from clairvoyant.profiler.core import Tier
 from clairvoyant.worker.core.engine import EngineConfig
 from clairvoyant.workloads.program import Call, NewSegment, WorkflowProgram
@@ -81,6 +82,8 @@ def test_oracle_values_are_the_programs_ground_truth() -> None:
 class Recording:
     """Wraps an annotator and records what the simulator asked and told it."""
 
+    needs_completions = False
+
     def __init__(self, inner: OracleAnnotator) -> None:
         self.inner = inner
         self.annotated: list[tuple[str, float]] = []
@@ -90,9 +93,11 @@ class Recording:
         self.annotated.append((call.call_id, now))
         return self.inner.annotate(program, call, now)
 
-    def observe(self, program: WorkflowProgram, record: CallResult, last: bool) -> None:
+    def observe(
+        self, program: WorkflowProgram, record: CallResult, last: bool, completion: CompletedCall | None = None
+    ) -> None:
         self.observed.append((record.call_id, last))
-        self.inner.observe(program, record, last)
+        self.inner.observe(program, record, last, completion)
 
 
 def test_the_simulator_annotates_each_call_when_ready_and_reports_each_end_once() -> None:

@@ -1,7 +1,7 @@
 """``cache-replay``: every cache policy's misses against Belady's optimum, replayed offline.
 
-One deterministic simulated run per workload (plain LRU engines, the oracle's or the profiler's
-annotations) gives the access trace: its completed calls, each reading its prompt's block chain
+One deterministic simulated run per workload (plain LRU engines; the profiler's annotations,
+trained on a warm-up instance as in ``cache-policies``, or the oracle's) gives the access trace: its completed calls, each reading its prompt's block chain
 at its start and writing its response's at its end (access_trace.py).  The trace is replayed at
 each capacity, per worker or with the cluster as one cache, under Belady's optimum and under each
 registered cache policy's eviction order and drops (replay_cache.py has the rules).  Reported per
@@ -62,7 +62,7 @@ def simulate(workload: str, args: argparse.Namespace) -> list[CompletedCall]:
     LRU engines with no cache manager."""
     config = ExperimentConfig(
         workload=workload, gpus=args.gpus, workflows=args.workflows, concurrency=args.concurrency,
-        seed=args.seed, annotations=args.annotations,
+        seed=args.seed, annotations=args.annotations, warmup_workflows=args.warmup_workflows,
     )  # fmt: skip
     spec = get_workload(workload)
     replicas, service = build_cluster(spec, config)
@@ -131,8 +131,11 @@ class CacheReplay:
         parser.add_argument(
             "--preset", choices=PRESETS.names(), default="fcfs-rr", help="the scheduling preset"
         )
-        parser.add_argument("--annotations", choices=("oracle", "profiler"), default="oracle",
+        parser.add_argument("--annotations", choices=("profiler", "oracle"), default="profiler",
                             help="what the policies read of each call (the profiler's is trained on a warm-up)")  # fmt: skip
+        parser.add_argument(
+            "--warmup-workflows", type=int, default=64, help="the profiler's warm-up instance (0: learn online only)"
+        )
         parser.add_argument(
             "--tick-s", type=float, default=1.0, help="trace seconds between the policies' ticks"
         )
@@ -170,6 +173,8 @@ class CacheReplay:
             f"scope {args.scope}: " + ("one cache per worker, each of the capacity" if args.scope == "worker"
                                        else "the whole cluster as one cache of the capacity"),
             "the trace comes from one simulated run with plain LRU engines; the replay changes no placement",
+            f"annotations: {args.annotations}" + (f" (trained on a warm-up of {args.warmup_workflows} workflows, "
+                                                  "then online)" if args.annotations == "profiler" else ""),
         ]  # fmt: skip
         return BenchResult("cache-replay", COLUMNS, [_row(r) for r in results], summary=summary, notes=notes,
                            params=params)  # fmt: skip

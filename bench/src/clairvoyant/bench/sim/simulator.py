@@ -78,13 +78,22 @@ class SimProgress(NamedTuple):
 class Annotator(Protocol):
     """What the simulator asks of an annotator (annotations.py has the profiler's and the oracle)."""
 
+    @property
+    def needs_completions(self) -> bool:
+        """True: ``observe`` gets each call's completion record (its token ids and block-hash
+        chains, which cost time to hash); False: it gets None."""
+        ...
+
     def annotate(self, program: WorkflowProgram, call: Call, now: float) -> SysAnnotations | None:
         """The annotations of ``call``, which became ready at ``now`` (None: unannotated)."""
         ...
 
-    def observe(self, program: WorkflowProgram, record: CallResult, last: bool) -> None:
+    def observe(
+        self, program: WorkflowProgram, record: CallResult, last: bool, completion: CompletedCall | None = None
+    ) -> None:
         """``record`` finished (served or rejected; ``end_time`` set); ``last``: no call of its
-        workflow is left unfinished."""
+        workflow is left unfinished; ``completion``: its completion record, as the cache manager
+        gets it, when ``needs_completions`` (else None)."""
         ...
 
 
@@ -173,6 +182,7 @@ class Simulator:
         self._removed_tiers = KvTierTotals()  # their KV tier counters
         self.record_completions = record_completions
         self.completions: list[CompletedCall] = []
+        self._annotator_completions = annotator is not None and annotator.needs_completions
         self._served_with: dict[str, SysAnnotations | None] = {}  # call id -> its annotations (for completions)
         self.cache_manager: SimCacheManager | None = None
         if cache_policy is not None:
@@ -388,7 +398,7 @@ class Simulator:
             prompt_tokens=call.prompt_tokens, max_tokens=call.output_tokens, app_metadata=meta,
             annotations=None if self.annotator is None else self.annotator.annotate(program, call, now),
         )  # fmt: skip
-        if self.record_completions or self.cache_manager is not None:
+        if self._builds_completions():
             self._served_with[call.call_id] = request.annotations
         self.scheduler.submit(request, now)
         self._submitted = True
@@ -462,8 +472,7 @@ class Simulator:
         record.rejected, record.end_time = reason, now
         self.scheduler.complete(record.call_id)
         self.prompts.record_response(record.call_id, [])  # later prompts that quote it get nothing
-        self._completed(record, [])
-        self._observe(record)
+        self._observe(record, self._completed(record, []))
         self._release_dependents(self._progress.programs[record.workflow_id], record, now)  # no output: no tool
 
     def _step_done(self, replica: Replica, outputs: list[RequestOutput]) -> None:
@@ -495,14 +504,18 @@ class Simulator:
         self.scheduler.complete(out.request_id, now=now, service_s=service, output_tokens=out.completion_tokens)
         output = self._outputs.pop(out.request_id)
         self.prompts.record_response(out.request_id, output)
-        self._completed(record, output)
-        self._observe(record)
+        self._observe(record, self._completed(record, output))
         self._release_dependents(self._progress.programs[record.workflow_id], record, now + record.tool_latency_s)
 
-    def _completed(self, record: CallResult, output: list[int]) -> None:
-        """The call's completion record, for the cache manager and ``completions``."""
-        if not self.record_completions and self.cache_manager is None:
-            return
+    def _builds_completions(self) -> bool:
+        """Does anything take completion records?  (Hashing the chains costs time.)"""
+        return self.record_completions or self.cache_manager is not None or self._annotator_completions
+
+    def _completed(self, record: CallResult, output: list[int]) -> CompletedCall | None:
+        """The call's completion record, for the cache manager, ``completions`` and an annotator
+        that needs it; None when nothing takes it."""
+        if not self._builds_completions():
+            return None
         replica = self.replicas.get(record.worker_id)
         call = completed_call(
             record, self._progress.programs[record.workflow_id], prompt_ids=self.prompts.prompt_of(record.call_id),
@@ -514,11 +527,13 @@ class Simulator:
             self.completions.append(call)
         if self.cache_manager is not None:
             self.cache_manager.completed(call)
+        return call
 
-    def _observe(self, record: CallResult) -> None:
+    def _observe(self, record: CallResult, completion: CompletedCall | None) -> None:
         if self.annotator is not None:
             last = self._progress.is_last_call(record.workflow_id)
-            self.annotator.observe(self._progress.programs[record.workflow_id], record, last)
+            program = self._progress.programs[record.workflow_id]
+            self.annotator.observe(program, record, last, completion if self._annotator_completions else None)
 
     def _release_dependents(self, program: WorkflowProgram, record: CallResult, done_at: float) -> None:
         ready, end = self._progress.call_done(program, record.call_id, done_at)
