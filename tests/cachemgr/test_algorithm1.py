@@ -188,7 +188,7 @@ def test_a_chain_drops_nothing_a_later_call_continues_and_everything_at_its_end(
     instance = Instance("live", CHAIN, seed=99)
     # The planner's blocks sit at the head of the coder's and the reviewer's prompts: never dead.
     assert hashes_of(seen[0], "drop") == set() and hashes_of(seen[1], "drop") == set()
-    assert blocks_of(instance, 0) <= hashes_of(seen[1], "retain")
+    assert blocks_of(instance, 0) <= hashes_of(seen[1], "write_back")
     assert blocks_of(instance, 0) <= hashes_of(seen[1], "write_back")
     # The reviewer ends the workflow: every block only it held goes (the system prompts are shared
     # with no live workflow and are not yet a static prefix: one live instance).
@@ -204,7 +204,7 @@ def test_a_loop_drops_the_testers_blocks_and_keeps_the_coders_conversation() -> 
     dead = hashes_of(seen[4], "drop")
     assert blocks_of(instance, 2, 4) - blocks_of(instance, 0, 1, 3) <= dead
     # After the first coder call the coder runs again and continues itself: its chain is kept.
-    assert blocks_of(instance, 1) <= hashes_of(seen[1], "retain")
+    assert blocks_of(instance, 1) <= hashes_of(seen[1], "write_back")
     assert hashes_of(seen[1], "drop") & blocks_of(instance, 1) == set()
 
 
@@ -215,7 +215,7 @@ def test_a_fan_out_keeps_the_planner_for_every_worker_then_drops_it() -> None:
     planner = blocks_of(instance, 0)
     for n in (0, 1, 2):  # workers still to come copy the planner
         assert hashes_of(seen[n], "drop") & planner == set(), n
-    assert planner <= hashes_of(seen[1], "retain")
+    assert planner <= hashes_of(seen[1], "write_back")
     # After the last worker the merger (own system prompt) is all that is left.
     assert planner <= hashes_of(seen[3], "drop")
 

@@ -189,7 +189,7 @@ def test_pythia_chain_drops_a_finished_agent_nobody_copies_from() -> None:
     )
     assert kinds([d for d in out if d.kind == "drop"]) == [("drop", "w1", (2, 3)), ("drop", "w2", (4,))]
     assert all(d.target_tier is None for d in out if d.kind == "drop")  # every tier
-    assert kinds([d for d in out if d.kind != "drop"]) == [("retain", "w1", (1,)), ("write_back", "w1", (1,))]
+    assert kinds([d for d in out if d.kind != "drop"]) == [("write_back", "w1", (1,))]  # device memory stays LRU
 
 
 def test_pythia_chain_retains_what_the_next_template_copies_and_writes_it_to_l3() -> None:
@@ -199,7 +199,7 @@ def test_pythia_chain_retains_what_the_next_template_copies_and_writes_it_to_l3(
     )
     assert [d for d in out if d.kind == "drop"] == []
     retains = [(d.worker_id, d.block_hashes, d.target_tier, d.ttl_s) for d in out if d.kind == "retain"]
-    assert retains == [("w1", (1, 2, 3), 1, 90.0), ("w2", (4,), 2, 90.0)]
+    assert retains == [("w2", (4,), 2, 90.0)]  # pinned in host memory only; device memory stays LRU
     assert kinds([d for d in out if d.kind == "write_back"]) == [
         ("write_back", "w1", (1, 2, 3))
     ]  # w2 has no L3
@@ -222,9 +222,9 @@ def test_pythia_loop_keeps_both_agents_of_a_loop_still_to_run() -> None:
     view = FakeView(loads=[load("w1")])
     view.hold("w1", 1, block(1, "a"), block(2, "b"), block(3, "plan"))
     out = knowing(a=STATIC, b=STATIC).on_completion(done("b", ann=note("(a->b){1,2}->$")), view, 1)
-    assert kinds([d for d in out if d.kind in ("drop", "retain")]) == [
+    assert kinds([d for d in out if d.kind in ("drop", "write_back")]) == [
         ("drop", "w1", (3,)),
-        ("retain", "w1", (1, 2)),
+        ("write_back", "w1", (1, 2)),
     ]
 
 
@@ -250,9 +250,9 @@ def test_pythia_rework_keeps_the_coder_the_reviewer_reads_and_drops_the_tester()
     out = knowing(fix=STATIC).on_completion(
         done("test", ann=note("(review->fix)?->$", next_agent="review", template=review)), view, 1
     )
-    assert kinds([d for d in out if d.kind in ("drop", "retain")]) == [
+    assert kinds([d for d in out if d.kind in ("drop", "write_back")]) == [
         ("drop", "w1", (2,)),
-        ("retain", "w1", (1,)),
+        ("write_back", "w1", (1,)),
     ]
 
 
@@ -264,9 +264,9 @@ def test_pythia_learns_templates_so_a_later_call_keeps_a_future_agents_source() 
         done("x", ann=note("a->c", next_agent="c", template=FROM_A), workflow_id="other"), view, 1
     )
     out = policy.on_completion(done("x", ann=note("c->$")), view, 2)  # c's template (learned) copies a
-    assert kinds([d for d in out if d.kind in ("drop", "retain")]) == [
+    assert kinds([d for d in out if d.kind in ("drop", "write_back")]) == [
         ("drop", "w1", (2,)),
-        ("retain", "w1", (1,)),
+        ("write_back", "w1", (1,)),
     ]
 
 
@@ -330,9 +330,9 @@ def test_pythia_keeps_every_block_while_a_future_agents_template_is_unknown() ->
     view = chain_view()
     out = PythiaCache().on_completion(done("a", ann=note("b->c", next_agent="b", template=STATIC)), view, 1.0)
     assert [d for d in out if d.kind == "drop"] == []  # c may copy from a: nothing is provably dead
-    assert kinds([d for d in out if d.kind == "retain"]) == [
-        ("retain", "w1", (1, 2, 3)),
+    assert kinds([d for d in out if d.kind in ("retain", "write_back")]) == [
         ("retain", "w2", (4,)),
+        ("write_back", "w1", (1, 2, 3)),
     ]
 
 
@@ -633,22 +633,17 @@ def test_pythia_in_the_core_drops_the_dead_lineage_and_keeps_the_shared_system_p
     system, *rest = chain_hashes(tokens)
     assert kinds(out) == [
         ("drop", "w1", tuple(sorted(rest))),
-        ("retain", "w1", (system,)),
         ("write_back", "w1", (system,)),
     ]
     assert core.plan("w1") == out and core.stats().directives_by_kind == (
         ("drop", 1),
-        ("retain", 1),
         ("write_back", 1),
     )
 
 
 def test_pythia_in_the_core_stages_the_assembled_next_prompt_in_l2_on_the_roomiest_worker() -> None:
     core, out, tokens = core_with_chain(FROM_A)
-    assert [(d.kind, d.worker_id) for d in out if not d.speculative] == [
-        ("retain", "w1"),
-        ("write_back", "w1"),
-    ]
+    assert [(d.kind, d.worker_id) for d in out if not d.speculative] == [("write_back", "w1")]
     (staged,) = [d for d in out if d.speculative]
     assert (staged.kind, staged.worker_id, staged.target_tier, staged.token_ids) == (
         "promote",

@@ -67,13 +67,16 @@ def test_evict_matches_a_full_scan_under_random_operations(seed: int) -> None:
                     cache.note_unreferenced([b])
         elif op < 0.85:
             cache.touch(rng.sample(cached, min(3, len(cached))))
-        elif op < 0.93:  # evict a few, one at a time, against the scan
+        elif op < 0.88:  # evict a few, one at a time, against the scan
             for _ in range(rng.randint(1, 4)):
                 expected = _reference_victim(cache, refs)
                 got = cache.evict(1, refs)  # type: ignore[arg-type]
                 assert got == ([] if expected is None else [expected])
                 for b in got:
                     del refs[b], paths[b]
+        elif op < 0.93:  # a cache directive drops a block and what hangs below it (as far as unheld)
+            for b in cache.drop([rng.choice(cached)], refs):  # type: ignore[arg-type]
+                del refs[b], paths[b]
         else:  # evict many in one call: the same blocks, in the same order, as one at a time
             count = rng.randint(2, 12)
             one_by_one = copy.deepcopy(cache)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import NamedTuple, Protocol
@@ -112,7 +111,6 @@ class Ticker(Protocol):
         ...
 
 
-RECURSION_LIMIT = 50_000  # frames, while a run goes (``advance``)
 IDLE_TICKS_LIMIT = 10_000  # ticks with no event left and workflows unfinished before a run gives up
 
 
@@ -255,10 +253,6 @@ class Simulator:
         # reference counting frees everything, so the collector is paused for the run.
         collecting = gc.isenabled()
         gc.disable()
-        # A drop directive walks a radix subtree recursively, one frame per node: a 90K-token
-        # swe_agent context is a chain of thousands of nodes, deeper than Python's default limit.
-        depth = sys.getrecursionlimit()
-        sys.setrecursionlimit(max(depth, RECURSION_LIMIT))
         end = float("inf") if until is None else until
         try:
             if self._tickers:
@@ -271,7 +265,6 @@ class Simulator:
                     progress(self.progress())  # after the last slice: where the run ends
         finally:
             torch.set_num_threads(threads)
-            sys.setrecursionlimit(depth)
             if collecting:
                 gc.enable()
 

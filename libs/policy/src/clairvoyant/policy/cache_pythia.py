@@ -7,7 +7,7 @@ On each completed call that carries a LOW or HIGH confidence annotation with a p
   ``future``, when a known template of a future agent copies from its agent, or when another live
   workflow of the tenant references it (``view.references``: a shared system prompt); otherwise it
   is dead and dropped at once, in every tier, on the worker holding it.  Live blocks are retained
-  (``RetainInHierarchy``) and written back to L3 on workers that have one.
+  in L2 (``RetainInHierarchy``) and written back to L3 on workers that have one.
 * **Forward staging** (Alg. 1 l.12-19).  The next prompt is assembled from the annotation's
   ``prompt_composition`` and the workflow's history.  If any worker holds any of it (L3 counts),
   it is promoted to L2 (``PromoteToHost``) on the worker the scheduler will likely pick; otherwise,
@@ -25,6 +25,10 @@ Choices where the paper is silent:
 * Dead means provably dead: while any future agent's template is still unknown (it may copy from
   any earlier call), every block of the workflow is live; the paper's cache manager always has the
   templates, ours learns them from the annotations it sees.
+* ``RetainInHierarchy`` keeps live blocks below device memory: pinned in L2 where they are there,
+  and written back to L3 in any case.  Device memory stays LRU: pinning it for a future step would
+  displace live requests, which the paper rules out for speculative data (under load, pins in L1
+  cost more JCT than the hits they kept).
 * Retain TTL: the annotation's ``expected_remaining_time_s`` (every future use falls within it),
   clamped to [``min_retain_s``, ``max_retain_s``] = [30, 600] s (600 s is the cache manager's idle
   workflow expiry); 120 s when the profiler has no estimate.
@@ -185,15 +189,6 @@ class PythiaCache:
         ttl = self._retain_ttl(ann)
         return [
             *by_worker("drop", dead, tenant=tenant, workflow_id=workflow_id, reason="pythia: dead lineage"),
-            *by_worker(
-                "retain",
-                live[1],
-                tenant=tenant,
-                workflow_id=workflow_id,
-                ttl_s=ttl,
-                target_tier=1,
-                reason="pythia: in the future path",
-            ),
             *by_worker(
                 "retain",
                 live[2],

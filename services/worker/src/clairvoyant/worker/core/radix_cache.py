@@ -209,6 +209,10 @@ class RadixCache:
                 del parent.children[node.key]
                 del nodes[node.block_id]
                 removed.append(node.block_id)
+                if not parent.children and parent.block_id >= 0:
+                    # A leaf now: give it an eviction entry (interior nodes have none; a stale
+                    # one is skipped when popped), or a cached-only parent would never be evicted.
+                    heapq.heappush(self._lru, parent.last_access << _ID_BITS | parent.block_id)
 
         for block_id in block_ids:
             node = nodes.get(block_id)
