@@ -103,7 +103,7 @@ class CacheManagerMemory:
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--workload", action="append", help="built-in workload (repeatable; default: "
                             "coding_assistant and deep_research)")  # fmt: skip
-        parser.add_argument("--workflows", default="100,1000", help="live workflows per run, comma-separated")
+        parser.add_argument("--workflows", default="50,200", help="live workflows per run, comma-separated")
         parser.add_argument("--budget-mib", type=float, default=256.0,
                             help="CV_CACHEMGR_HISTORY_MAX_BYTES for the runs, in MiB (default 256)")  # fmt: skip
         parser.add_argument("--tight-budget-mib", type=float, default=8.0,

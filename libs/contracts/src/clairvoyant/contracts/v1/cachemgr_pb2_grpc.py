@@ -57,14 +57,15 @@ class CacheManagerServicer:
     """
 
     def Hint(self, request, context):
-        """A prediction worth acting on (e.g. the next agent and its prompt template).
+        """Reserved: answers UNIMPLEMENTED.  Predictions reach the cache manager on the completion
+        records, which carry the annotations each request was served with.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Plan(self, request, context):
-        """The directives the cache manager would issue now, without issuing them.
+        """The directives most recently issued (bounded), to one worker or all: what the policy did.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
