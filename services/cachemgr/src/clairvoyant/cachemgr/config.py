@@ -25,6 +25,9 @@ class CacheManagerSettings(ServiceSettings):
     cachemgr_history_max_bytes: int = Field(
         256 * 1024 * 1024, ge=0, description="token ids held as workflow history, all tenants together"
     )
+    cachemgr_max_index_entries: int = Field(
+        2_000_000, ge=1, description="(worker, tier, block) entries the index holds at most (~650 bytes each)"
+    )
     cachemgr_workflow_idle_ttl_s: float = Field(
         600.0, gt=0, description="a workflow without a call this long is forgotten"
     )
@@ -79,6 +82,7 @@ class CacheManagerSettings(ServiceSettings):
         return CoreConfig(
             speculative_ttl_s=self.cachemgr_speculative_ttl_s,
             history_max_bytes=self.cachemgr_history_max_bytes,
+            max_index_entries=self.cachemgr_max_index_entries,
             workflow_idle_ttl_s=self.cachemgr_workflow_idle_ttl_s,
             cross_tenant_sharing=self.cachemgr_cross_tenant_sharing,
         )

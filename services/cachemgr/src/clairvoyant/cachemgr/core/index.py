@@ -55,7 +55,7 @@ def batch_problem(batch: KvBatch) -> str:
 class ClusterIndex:
     """The index described in the module docstring.  Pure: every call that needs the time takes ``now``."""
 
-    def __init__(self, *, speculative_ttl_s: float = 2.0, max_entries: int = 4_000_000) -> None:
+    def __init__(self, *, speculative_ttl_s: float = 2.0, max_entries: int = 2_000_000) -> None:
         if max_entries < 1:
             raise ValueError("max_entries must be >= 1")
         self.kv = KvIndex(speculative_ttl_s=speculative_ttl_s)

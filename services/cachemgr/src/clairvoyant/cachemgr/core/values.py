@@ -21,7 +21,7 @@ class CoreConfig:
     # references may count other tenants' workflows; residency, blocks and assembly stay per tenant
     cross_tenant_sharing: bool = False
     recent_directives: int = 1024  # directives ``plan`` can show
-    max_index_entries: int = 4_000_000  # (worker, tier, block) entries the index holds at most
+    max_index_entries: int = 2_000_000  # (worker, tier, block) entries the index holds at most
 
 
 class TierCount(NamedTuple):
