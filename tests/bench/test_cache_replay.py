@@ -197,7 +197,6 @@ def test_replay_view_answers_from_the_replay_state() -> None:
     view = ReplayView(state)
     for access in trace.accesses:
         cache = state.cache(access.cache)
-        state.referenced(trace.calls[access.call], access.blocks)
         for block in access.blocks:
             if block not in cache.blocks:
                 state.insert(

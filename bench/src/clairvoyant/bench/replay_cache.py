@@ -152,7 +152,6 @@ def _serve(
 ) -> tuple[int, int, int]:
     """One access on its cache; (reads, misses, evictions)."""
     now, cache = access.time, state.cache(access.cache)
-    state.referenced(call, access.blocks)
     pinned: set[int] = set()
     order: list[tuple[float, int, int]] | None = None  # (rank, cached order, block), lowest last
     reads = misses = evictions = 0

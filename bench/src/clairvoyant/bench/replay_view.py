@@ -14,10 +14,12 @@ it, as the cache manager's index would from the workers' KV events, with these d
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from clairvoyant.bench.access_trace import CLUSTER, AccessTrace
+from clairvoyant.cachemgr.core.history import WorkflowHistory
 from clairvoyant.policy.cache import (
     BlockUse,
     CacheDirective,
@@ -69,8 +71,9 @@ class ReplayState:
         self.cache_of.update({cache: cache for cache in set(self.cache_of.values())})
         self._cached = 0  # blocks cached so far: each one's order
         self._by_workflow: dict[tuple[str, str], dict[tuple[str, int], None]] = {}  # ordered sets
-        self._referenced: dict[int, set[tuple[str, str]]] = {}  # block -> workflows that read or wrote it
-        self._live: set[tuple[str, str]] = set()
+        # References as the live core counts them (``CacheManagerCore.references``): the live
+        # workflows' chains and the agents' static prefixes, from the core's own history.
+        self.history = WorkflowHistory(max_bytes=1 << 62, idle_ttl_s=math.inf)
         self.agents: dict[tuple[str, str], list[str]] = {}  # each workflow's finished calls' agents
         self.chains: dict[
             tuple[str, str, str], list[tuple[int, ...]]
@@ -103,15 +106,6 @@ class ReplayState:
         if use.workflow_id:
             self._by_workflow.get((tenant_of(use.tenant), use.workflow_id), {}).pop((cache.name, block), None)
 
-    def referenced(self, call: CompletedCall, blocks: Sequence[int]) -> None:
-        key = lineage_key(call)
-        if key is None:
-            return
-        key = (tenant_of(key[0]), key[1])
-        self._live.add(key)
-        for block in blocks:
-            self._referenced.setdefault(block, set()).add(key)
-
     def completed(self, call: CompletedCall) -> None:
         key = lineage_key(call)
         if key is not None and call.app_metadata is not None:
@@ -119,17 +113,17 @@ class ReplayState:
             self.agents.setdefault((tenant, key[1]), []).append(agent)
             chain = call.prompt_block_hashes + call.response_block_hashes
             self.chains.setdefault((tenant, key[1], agent), []).append(chain)
+            self.history.record(call, call.end)
 
     def ended(self, key: tuple[str, str]) -> None:
-        self._live.discard((tenant_of(key[0]), key[1]))
+        self.history.end(*key)
 
     def references(self, tenant: str, block: int, own: str) -> int:
-        tenant = tenant_of(tenant)
-        return sum(
-            1
-            for t, wf in self._referenced.get(block, ())
-            if t == tenant and wf != own and (t, wf) in self._live
-        )
+        """Live workflows other than ``own`` holding the block, plus static prefixes holding it."""
+        count = self.history.references(tenant, block)
+        if own and self.history.holds(tenant, own, block):
+            count -= 1
+        return max(count, 0)
 
     def workflow_blocks(self, tenant: str, workflow_id: str) -> list[tuple[str, BlockUse]]:
         found = self._by_workflow.get((tenant_of(tenant), workflow_id), {})
