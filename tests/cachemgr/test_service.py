@@ -342,6 +342,30 @@ async def test_a_restart_asks_the_workers_for_their_tiers_and_resumes_the_durabl
     assert second.app.core.stats().completions_seen == 1  # r1 was acked by the first: not again
 
 
+async def test_a_gap_in_a_workers_events_asks_that_worker_for_a_snapshot(
+    nats_url: str, nc: Client, start: Start
+) -> None:
+    asked: list[bytes] = []
+
+    async def record_ask(msg: Msg) -> None:
+        asked.append(msg.data)
+
+    await nc.subscribe(KV_RESYNC_SUBJECT, cb=record_ask)
+    service = await start(settings(nats_url))
+    await until(lambda: asked == [b""], "the start-up snapshot request to every worker")
+    await nc.publish("cv.kv.events.w1", kv_batch("w1", 1, cleared(cachemgr_pb2.CACHE_TIER_L1),
+                                                  stored(cachemgr_pb2.CACHE_TIER_L1, [1, 2])))  # fmt: skip
+    await nc.publish("cv.kv.events.w1", kv_batch("w1", 3, stored(cachemgr_pb2.CACHE_TIER_L1, [5])))  # 2 was lost
+    await until(lambda: asked == [b"", b"w1"], "a snapshot asked of w1 alone")
+    assert service.app.core.stats().indexed_blocks == 0  # w1's entries are dropped until its snapshot
+    await nc.publish("cv.kv.events.w1", kv_batch("w1", 4, stored(cachemgr_pb2.CACHE_TIER_L1, [6])))
+    await asyncio.sleep(0.3)
+    assert asked == [b"", b"w1"]  # still stale, but asked at most every few seconds
+    await nc.publish("cv.kv.events.w1", kv_batch("w1", 5, cleared(cachemgr_pb2.CACHE_TIER_L1),
+                                                  stored(cachemgr_pb2.CACHE_TIER_L1, [1, 2, 5, 6])))  # fmt: skip
+    await until(lambda: service.app.core.stats().indexed_blocks == 4, "the index rebuilt from w1's snapshot")
+
+
 async def test_without_nats_it_serves_stats_and_health_and_catches_up(tmp_path: Path, start: Start) -> None:
     port = free_port()
     service = await start(settings(f"nats://127.0.0.1:{port}", cachemgr_retry_interval_s=0.1), wait=False)

@@ -19,7 +19,7 @@ from nats.aio.msg import Msg
 from prometheus_client import REGISTRY
 
 from clairvoyant.contracts.v1 import cachemgr_pb2, common_pb2, worker_pb2, worker_pb2_grpc
-from clairvoyant.core.bus import EventBus
+from clairvoyant.core.bus import KV_RESYNC_SUBJECT, EventBus
 from clairvoyant.core.grpcutil import channel, new_server
 from clairvoyant.worker.app import engine_config
 from clairvoyant.worker.config import WorkerSettings
@@ -88,6 +88,7 @@ async def worker(nats_server: str) -> AsyncIterator[Worker]:
     bus = EventBus(nats_server, "worker-tiers-test", connect_timeout_s=2.0)
     assert await bus.connect(), f"the test NATS server at {nats_server} is down"
     await DirectiveSubscriber(engine, WORKER_ID).subscribe(bus)
+    await publisher.resync_on_request(bus, engine)
     nc = await nats.connect(nats_server)
     batches: list[worker_pb2.KvEventBatch] = []
 
@@ -297,6 +298,29 @@ async def test_kv_events_rebuild_every_tier_after_a_random_workload(worker: Work
     assert {(t.tier, t.blocks_total) for t in stats.tiers} == {
         (cachemgr_pb2.CACHE_TIER_L1, 16), (cachemgr_pb2.CACHE_TIER_L2, 24), (cachemgr_pb2.CACHE_TIER_L3, 0)
     }
+
+
+async def test_a_resync_request_gets_a_snapshot_that_alone_rebuilds_every_tier(worker: Worker) -> None:
+    for n, wf in enumerate(("wf-a", "wf-b", "wf-a", "wf-c")):
+        await generate(worker, f"r{n}", prompt(40 + n % 2, 48) + prompt(n, 40), wf)
+    await apply(worker, directive(WRITE_BACK, "acme"))
+    await worker.settled()
+    before = len(worker.batches)
+    await worker.nc.publish(KV_RESYNC_SUBJECT, b"another-worker")  # asked of someone else: no answer
+    await worker.nc.publish(KV_RESYNC_SUBJECT, WORKER_ID.encode())
+    await worker.nc.flush()
+    for _ in range(200):
+        if len(worker.batches) > before:
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)
+    (snapshot,) = worker.batches[before:]  # one answer, numbered after the step batches
+    assert snapshot.sequence == worker.batches[before - 1].sequence + 1
+    held = rebuild([snapshot])  # a subscriber that starts from the snapshot alone
+    assert held[1] == await worker.on_engine(l1_blocks)
+    assert held[2] == await worker.on_engine(lambda e: resident(e, 2))
+    assert held[3] == await worker.on_engine(lambda e: resident(e, 3))
+    assert held[1] and held[3]
 
 
 async def test_stats_reports_each_tiers_hits(worker: Worker) -> None:

@@ -34,8 +34,9 @@ logger = logging.getLogger(__name__)
 COMPLETIONS_STREAM = "CV_REQUESTS"
 COMPLETIONS_SUBJECT = "cv.requests.completed"
 WORKER_STATS_WILDCARD = "cv.workers.*.stats"
-# A (re)started KV-event subscriber asks every worker for its tiers' contents here; each answers
-# on its own cv.kv.events.<worker> subject with a CLEARED + STORED snapshot, in sequence.
+# A (re)started KV-event subscriber asks every worker for its tiers' contents here (an empty
+# message; or a worker id, to ask one worker whose events had a gap); each worker asked answers on
+# its own cv.kv.events.<worker> subject with a CLEARED + STORED snapshot, in sequence.
 KV_RESYNC_SUBJECT = "cv.kv.resync"
 
 

@@ -11,6 +11,8 @@ CLEARED.
 from __future__ import annotations
 
 import logging
+import math
+import time
 
 from google.protobuf.message import DecodeError
 from nats.aio.msg import Msg
@@ -19,7 +21,7 @@ from clairvoyant.cachemgr import convert, metrics
 from clairvoyant.cachemgr.core import CacheManagerCore
 from clairvoyant.cachemgr.core.index import batch_problem
 from clairvoyant.contracts.v1 import worker_pb2
-from clairvoyant.core.bus import WORKER_STATS_WILDCARD, EventBus
+from clairvoyant.core.bus import KV_RESYNC_SUBJECT, WORKER_STATS_WILDCARD, EventBus
 from clairvoyant.core.clock import Clock
 from clairvoyant.core.errors import InvalidRequest
 from clairvoyant.core.wire import kv_batch
@@ -29,6 +31,7 @@ logger = logging.getLogger(__name__)
 KV_EVENTS_WILDCARD = "cv.kv.events.*"
 SILENT_INTERVALS = 3  # heartbeats missed before a worker is taken as gone
 DEFAULT_HEARTBEAT_S = 1.0  # the workers' default, for a heartbeat that states none
+RESYNC_EVERY_S = 5.0  # a stale worker is asked for a snapshot at most this often
 
 
 class Liveness:
@@ -56,9 +59,12 @@ class WorkerFeeds:
         self.core = core
         self.clock = clock
         self.liveness = Liveness()
+        self._bus: EventBus | None = None
+        self._resync_asked: dict[str, float] = {}  # worker -> when (monotonic) a snapshot was asked for
 
     async def subscribe(self, bus: EventBus) -> None:
         """Subscribe now when connected, and again on every reconnect (the bus remembers)."""
+        self._bus = bus
         await bus.subscribe(KV_EVENTS_WILDCARD, self.on_kv_events)
         await bus.subscribe(WORKER_STATS_WILDCARD, self.on_worker_stats)
 
@@ -73,9 +79,16 @@ class WorkerFeeds:
             self._malformed("kv_events", msg.subject, problem)
             return
         try:
-            self.core.on_kv_batch(batch, self.clock.now())
+            stale = self.core.on_kv_batch(batch, self.clock.now())
         except Exception:  # a bug in the index must not end the subscription
             logger.exception("applying KV events of %s failed", batch.worker_id)
+            return
+        now = time.monotonic()
+        if stale and now - self._resync_asked.get(batch.worker_id, -math.inf) >= RESYNC_EVERY_S:
+            self._resync_asked[batch.worker_id] = now  # a gap: ask that worker for its tiers
+            logger.info("KV events of %s lost (sequence gap): asking it for a snapshot", batch.worker_id)
+            if self._bus is not None:
+                await self._bus.publish(KV_RESYNC_SUBJECT, batch.worker_id.encode())
 
     async def on_worker_stats(self, msg: Msg) -> None:
         try:

@@ -113,12 +113,15 @@ class KvEventPublisher:
         )
 
     async def resync_on_request(self, bus: EventBus, engine: AsyncEngine) -> None:
-        """Answer ``cv.kv.resync``: queue a snapshot of every tier (taken on the engine thread, so
-        it is numbered in order with the step batches)."""
+        """Answer ``cv.kv.resync`` (empty: asked of every worker; else the worker id it is asked
+        of): queue a snapshot of every tier (taken on the engine thread, so it is numbered in order
+        with the step batches)."""
         last = -RESYNC_MIN_INTERVAL_S
 
-        async def handle(_msg: Msg) -> None:
+        async def handle(msg: Msg) -> None:
             nonlocal last
+            if msg.data and msg.data.decode(errors="replace") != self.worker_id:
+                return  # a snapshot asked of another worker
             now = time.monotonic()
             if now - last < RESYNC_MIN_INTERVAL_S:
                 return

@@ -71,13 +71,16 @@ class CacheManagerCore:
 
     # ---- inputs ---------------------------------------------------------------------------------
 
-    def on_kv_batch(self, batch: KvBatch, now: float) -> None:
+    def on_kv_batch(self, batch: KvBatch, now: float) -> bool:
+        """Apply a worker's batch; True when that worker's entries are stale after it (a gap in
+        its sequence: the caller should ask it for a snapshot of its tiers)."""
         self._saw(now)
         if batch_problem(batch):
             self.note_malformed("kv_batch")
-            return
-        self.index.apply(batch, now)
+            return False
+        applied = self.index.apply(batch, now)
         self._events += len(batch.events)
+        return applied.stale
 
     def on_worker_load(self, load: WorkerLoad, now: float) -> None:
         self._saw(now)
