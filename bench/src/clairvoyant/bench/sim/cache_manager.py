@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from clairvoyant.cachemgr.core import CoreConfig
 
 # A message on its way to the core or a worker: (due, order of sending, is it a directive?, delivery(due)).
-Delivery = tuple[float, int, bool, Callable[[float], None]]
+Delivery = tuple[float, int, bool, Callable[[float], object]]
 SPECULATIVE_KINDS = ("promote", "pre_prefill")
 
 
@@ -228,7 +228,7 @@ class SimCacheManager:
 
     # ---- deliveries ----------------------------------------------------------------------------
 
-    def _after(self, delay: float, delivery: Callable[[float], None], *, directive: bool = False) -> None:
+    def _after(self, delay: float, delivery: Callable[[float], object], *, directive: bool = False) -> None:
         """``delivery(due)`` at ``due`` = now + ``delay``."""
         heapq.heappush(self._pending, (self.events.now + delay, next(self._order), directive, delivery))
 
