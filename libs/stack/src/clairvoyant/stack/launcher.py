@@ -38,7 +38,7 @@ from clairvoyant.contracts.v1 import scheduler_pb2, scheduler_pb2_grpc
 from clairvoyant.core.config import ServiceSettings
 from clairvoyant.core.grpcutil import GrpcTls, sync_channel
 from clairvoyant.core.logs import mask_url, setup_logging
-from clairvoyant.core.processes import die_with_parent
+from clairvoyant.core.processes import PARENT_PID_ENV
 from clairvoyant.stack.l3 import plan_local_l3
 from clairvoyant.stack.mooncakemaster import MooncakeMaster
 from clairvoyant.stack.natsserver import NatsServer, can_bind, free_port, free_ports, port_open
@@ -318,18 +318,17 @@ class Stack:
     def _spawn(self, name: str, module: str, env: dict[str, str]) -> None:
         log_dir = self.config.log_dir
 
+        # No preexec_fn: Python code between fork and exec aborts or deadlocks the child when this
+        # process has gRPC threads (a test process, the readiness probes). Each service calls
+        # ``follow_parent`` first thing instead, told this process's pid.
+        env = {**env, PARENT_PID_ENV: str(os.getpid())}
+
         def launch() -> subprocess.Popen[bytes]:
             if log_dir is None:
-                return subprocess.Popen([sys.executable, "-m", module], env=env, preexec_fn=die_with_parent)
+                return subprocess.Popen([sys.executable, "-m", module], env=env)
             log_dir.mkdir(parents=True, exist_ok=True)
             with (log_dir / f"{name}.log").open("ab") as log:
-                return subprocess.Popen(
-                    [sys.executable, "-m", module],
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    preexec_fn=die_with_parent,
-                )
+                return subprocess.Popen([sys.executable, "-m", module], env=env, stdout=log, stderr=subprocess.STDOUT)
 
         self._add(name, launch)
 

@@ -14,6 +14,7 @@ from clairvoyant.autoscaler.config import AutoscalerSettings
 from clairvoyant.core.lifecycle import serve_until_signal
 from clairvoyant.core.logs import setup_logging
 from clairvoyant.core.metrics import serve_metrics
+from clairvoyant.core.processes import follow_parent
 from clairvoyant.core.telemetry import setup_tracing
 from clairvoyant.policy import SCALING_POLICIES
 
@@ -48,6 +49,7 @@ async def serve(settings: AutoscalerSettings) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    follow_parent()  # started by the stack launcher: stop when it dies
     try:
         settings = load_settings(argv)
     except ValidationError as err:  # a bad CV_* value: say which, without a traceback
