@@ -52,3 +52,15 @@ def sequence_hashes(
     rest = list(prompt_ids[tail:]) + list(output_ids)
     response = chain_hashes(rest, prompt[-1] if prompt else 0, block_tokens)
     return prompt, response
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Blocks two chains share (binary search: chained hashes agree on a prefix, then never again)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[mid - 1] == b[mid - 1]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from clairvoyant.core.blockhash import BLOCK_TOKENS, chain_hashes, sequence_hashes
+from clairvoyant.core.blockhash import BLOCK_TOKENS, chain_hashes, common_prefix, sequence_hashes
 from clairvoyant.policy.cache import CompletedCall
 
 WorkflowKey = tuple[str, str]  # (tenant, workflow_id)
@@ -262,7 +262,7 @@ class WorkflowHistory:
         found.prefix, found.prefix_hashes = array("I"), ()
         if len(found.samples) == 2:
             (_, older), (latest, newer) = found.samples
-            shared = _common_prefix(older, newer)
+            shared = common_prefix(older, newer)
             found.prefix = latest[: shared * BLOCK_TOKENS]
             found.prefix_hashes = tuple(newer[:shared])
         self._static[key] = found
@@ -286,15 +286,3 @@ class WorkflowHistory:
                     del refs[block_hash]
             if not refs:
                 del self._static_refs[tenant]
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Leading entries two chains share (chained hashes agree on a prefix, then never again)."""
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[mid - 1] == b[mid - 1]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, TypeVar
 
-from clairvoyant.core.blockhash import BLOCK_TOKENS, chain_hashes
+from clairvoyant.core.blockhash import BLOCK_TOKENS, chain_hashes, common_prefix
 from clairvoyant.policy.cache import CacheDirective
 
 _K = TypeVar("_K", int, str)
@@ -80,7 +80,7 @@ class SpeculationBook:
         length = max(prompt_tokens, BLOCK_TOKENS * len(prompt_hashes))
         for ident in self._by_head.get((tenant, prompt_hashes[0]), ()):
             spec = self._pending[ident]
-            shared = _common_prefix(spec.hashes, prompt_hashes)
+            shared = common_prefix(spec.hashes, prompt_hashes)
             used = BLOCK_TOKENS * shared
             if shared == len(spec.hashes) and length >= spec.tokens:
                 used = spec.tokens
@@ -125,12 +125,3 @@ def _unlist(table: dict[tuple[str, _K], list[int]], key: tuple[str, _K], ident: 
     ids.remove(ident)
     if not ids:
         del table[key]
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    shared = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        shared += 1
-    return shared

@@ -24,6 +24,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from clairvoyant.core.blockhash import common_prefix
+
 NEW = "${new}"
 _RANK = {"$": 0, "abs": 1, "rel": 2, "*": 3}
 
@@ -149,18 +151,6 @@ class ChainStore:
             for h in suffix:
                 store.first.setdefault(h, i)
         return store
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Blocks two chains share (binary search: chained hashes agree on a prefix, then never again)."""
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[mid - 1] == b[mid - 1]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 # ------------------------------------------------------------------------------ descriptions
