@@ -32,6 +32,8 @@ class Capability(enum.Enum):
     REBALANCES = "rebalance"  # re-pins queued calls before each dispatch (work stealing)
     MIGRATES_KV = "kv_source"  # names where a placed call's KV should come from
     KV_AWARE = "bind_kv_index"  # reads the workers' reported KV blocks (KvIndexView)
+    ASSIGNS_MODELS = "assign"  # places the calls of model groups, choosing each call's model (Aragog)
+    WAKES = "wake_at"  # names a time dispatch must run at even if nothing else happens
 
 
 HOOKS = frozenset(capability.value for capability in Capability)

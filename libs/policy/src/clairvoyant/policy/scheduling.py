@@ -208,6 +208,56 @@ class KvAware(Protocol):
         ...
 
 
+class Assignment(NamedTuple):
+    """One placement a ``ModelAssigning`` policy makes: the request and the worker that runs it
+    (the worker's model is the model the call runs on)."""
+
+    request_id: str
+    worker_id: str
+
+
+class ModelAssigning(Protocol):
+    """A routing policy that chooses the model of each call of a *model group* (Aragog's per-stage
+    model selection).  Requests whose ``model`` is a group name wait in the group's queue; the
+    scheduler never ranks it or calls ``route`` for it, but asks ``assign`` instead."""
+
+    def group_models(self) -> Mapping[str, frozenset[str]]:
+        """Group name -> the served models its calls may run on.  Read once, when the scheduler
+        binds the policy; a group name must not also be a served model's name."""
+        ...
+
+    def queued(self, request: QueuedRequest, now: float) -> None:
+        """``request`` (its ``model`` a group name) joined its group's queue at ``now``."""
+        ...
+
+    def unqueued(self, request_id: str) -> None:
+        """A request of a group queue left it without an assignment (cancelled, or rejected when
+        no worker of the group is left)."""
+        ...
+
+    def assign(self, group: str, workers: Sequence[WorkerView], now: float) -> list[Assignment]:
+        """Placements for calls waiting in ``group``'s queue, in the order they are to be made.
+
+        ``workers`` is every live worker.  Each assignment must name a queued request of the group,
+        at most once, and a worker that is eligible for it when the assignment is counted: it
+        serves one of the group's models, is not draining nor excluded, and has room (the
+        scheduler counts each assignment before checking the next, so two assignments may share a
+        worker only while it has room for both).  The scheduler raises on a violation.  The policy
+        knows the group's queue from ``queued`` and ``unqueued``, and the assignments it made; an
+        assigned call is placed with its ``model`` set to the worker's, so completions, traffic
+        counters and the caller see the model that ran."""
+        ...
+
+
+class Waking(Protocol):
+    def wake_at(self, now: float) -> float | None:
+        """The earliest time after ``now`` at which ``dispatch`` may place something that it cannot
+        place at ``now``, although no request, completion or report arrives meanwhile (a call
+        whose configuration search is still running, Aragog §3.1); None: no such time.  The
+        caller runs ``dispatch`` then."""
+        ...
+
+
 PRIORITY_POLICIES: PolicyRegistry[PriorityPolicy] = PolicyRegistry("priority policy")
 ROUTING_POLICIES: PolicyRegistry[RoutingPolicy] = PolicyRegistry("routing policy")
 

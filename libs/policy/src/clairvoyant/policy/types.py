@@ -26,6 +26,9 @@ class QueuedRequest:
     # The prompt's chained block hashes (clairvoyant.core.blockhash, 16-token blocks); empty when
     # the caller did not send them (the gateway has text, not token ids).
     prompt_block_hashes: tuple[int, ...] = ()
+    # The workflow's input as the application posed it (the text a configuration router reads,
+    # Aragog §3.1); sent for calls of a model group, "" otherwise.
+    input_text: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ the policies' declared hooks.  docs/scheduling.md ("The global scheduler") says 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any, cast
 
@@ -32,12 +33,14 @@ from clairvoyant.policy.scheduling import (
     KvAware,
     LocalRule,
     MigratesKv,
+    ModelAssigning,
     PriorityPolicy,
     ProgramAware,
     Rebalancing,
     RoutingPolicy,
     SchedulerAware,
     WorkerObserver,
+    Waking,
     eligible_workers,
 )
 from clairvoyant.policy.types import (
@@ -121,6 +124,10 @@ class GlobalScheduler(SchedulerInspection):
         self._rebalancing = cast(Rebalancing, routing) if Capability.REBALANCES in routing_can else None
         self._migrating = cast(MigratesKv, routing) if Capability.MIGRATES_KV in routing_can else None
         self._observer = cast(WorkerObserver, routing) if Capability.OBSERVES_WORKERS in routing_can else None
+        self._assigner = cast(ModelAssigning, routing) if Capability.ASSIGNS_MODELS in routing_can else None
+        self._waking = cast(Waking, routing) if Capability.WAKES in routing_can else None
+        if self._assigner is not None:
+            self._workers.groups = {g: frozenset(m) for g, m in self._assigner.group_models().items()}
 
     @classmethod
     def from_preset(cls, preset: str, **options: Any) -> GlobalScheduler:
@@ -146,7 +153,9 @@ class GlobalScheduler(SchedulerInspection):
         self.programs.on_submit(request, now)  # before ranking: a priority may read the program
         self._queues.add(request, now)
         self._traffic.on_submit(request)
-        if request.app_metadata is not None:
+        if self._assigner is not None and request.model in self._workers.groups:
+            self._assigner.queued(request, now)
+        elif request.app_metadata is not None:
             meta = request.app_metadata
             self._agent_models[(meta.workflow_type_id, meta.agent_id)] = request.model
 
@@ -155,8 +164,14 @@ class GlobalScheduler(SchedulerInspection):
         request = self._queues.remove(request_id)
         if request is None:
             return False
-        self.programs.on_cancel(request)
+        self._left_queue(request)
         return True
+
+    def _left_queue(self, request: QueuedRequest) -> None:
+        """``request`` left its queue unplaced (cancelled or rejected)."""
+        self.programs.on_cancel(request)
+        if self._assigner is not None and request.model in self._workers.groups:
+            self._assigner.unqueued(request.request_id)
 
     def complete(
         self,
@@ -234,6 +249,9 @@ class GlobalScheduler(SchedulerInspection):
         for model in self._queues.models():
             if not self._queues.depth(model) or not self._workers.can_take(model):
                 continue  # nothing can move: skip ranking a long queue
+            if self._assigner is not None and model in self._workers.groups:
+                self._dispatch_group(model, now, decisions)
+                continue
             ranked = self._queues.ranked(model, now)
             while (top := self._queues.head(model, ranked)) is not None:
                 negated, _, _, request = top
@@ -244,17 +262,44 @@ class GlobalScheduler(SchedulerInspection):
                 if chosen is None or not eligible_workers(request, [chosen]):
                     raise RuntimeError(f"routing policy chose ineligible worker {worker_id!r}")
                 self._queues.take_head(model, ranked)
-                worker = self._workers.add_placed(worker_id, +1)
-                assert worker is not None
-                self._placements.place(request, worker_id, now)
-                if request.prompt_block_hashes:
-                    self.kv_index.speculate(worker_id, request, now)
-                kv_source = None if self._migrating is None else self._migrating.kv_source(request, worker_id)
-                wait = now - request.arrival_time
-                program = self.programs.get(program_key(request))
-                attained = (program.waiting_s, program.service_s) if program is not None else (0.0, 0.0)
-                decisions.append(Decision(request.request_id, worker, -negated, wait, kv_source, *attained))
+                decisions.append(self._place(request, worker_id, -negated, now))
         return decisions
+
+    def _place(self, request: QueuedRequest, worker_id: str, priority: float, now: float) -> Decision:
+        """Count the placement of ``request`` (out of its queue) on ``worker_id``."""
+        worker = self._workers.add_placed(worker_id, +1)
+        assert worker is not None
+        self._placements.place(request, worker_id, now)
+        if request.prompt_block_hashes:
+            self.kv_index.speculate(worker_id, request, now)
+        kv_source = None if self._migrating is None else self._migrating.kv_source(request, worker_id)
+        wait = now - request.arrival_time
+        program = self.programs.get(program_key(request))
+        attained = (program.waiting_s, program.service_s) if program is not None else (0.0, 0.0)
+        return Decision(request.request_id, worker, priority, wait, kv_source, *attained)
+
+    def _dispatch_group(self, group: str, now: float, decisions: list[Decision]) -> None:
+        """Place what the model-assigning policy assigns of ``group``'s queue; each call is placed
+        as a call of its worker's model."""
+        assert self._assigner is not None
+        members = self._workers.groups[group]
+        for request_id, worker_id in self._assigner.assign(group, self._workers.views(), now):
+            request = self._queues.remove(request_id)
+            if request is None or request.model != group:
+                raise RuntimeError(f"model-assigning policy assigned {request_id!r}, not queued for group {group!r}")
+            chosen = self._workers.get(worker_id)
+            concrete = dataclasses.replace(request, model=chosen.model) if chosen is not None else request
+            if chosen is None or chosen.model not in members or not eligible_workers(concrete, [chosen]):
+                raise RuntimeError(f"model-assigning policy chose ineligible worker {worker_id!r} for {request_id!r}")
+            if concrete.app_metadata is not None:
+                meta = concrete.app_metadata
+                self._agent_models[(meta.workflow_type_id, meta.agent_id)] = concrete.model
+            decisions.append(self._place(concrete, worker_id, 0.0, now))
+
+    def wake_at(self, now: float) -> float | None:
+        """When ``dispatch`` should run next even if nothing happens (``Waking``); None: only
+        after the next request, completion or report."""
+        return None if self._waking is None else self._waking.wake_at(now)
 
     # ---- workers --------------------------------------------------------------------------------
 
@@ -289,9 +334,10 @@ class GlobalScheduler(SchedulerInspection):
         left = sorted(self._workers.expected_models - expected)
         self._workers.expect(expected)
         servable = self._workers.can_ever_serve
-        rejected = [request for model in left for request in self._queues.remove_unservable(model, servable)]
+        models = [*left, *(g for g, members in self._workers.groups.items() if members & set(left))]
+        rejected = [request for model in models for request in self._queues.remove_unservable(model, servable)]
         for request in rejected:
-            self.programs.on_cancel(request)
+            self._left_queue(request)
         return rejected
 
     def remove_worker(self, worker_id: str) -> ExpiredWorker | None:
@@ -306,9 +352,11 @@ class GlobalScheduler(SchedulerInspection):
         failed = self._placements.fail_worker(worker_id)
         for placement in failed:
             self.programs.on_cancel(placement.request)
-        rejected = self._queues.remove_unservable(worker.model, self._workers.can_ever_serve)
+        servable = self._workers.can_ever_serve
+        groups = [g for g, members in self._workers.groups.items() if worker.model in members]
+        rejected = [r for model in (worker.model, *groups) for r in self._queues.remove_unservable(model, servable)]
         for request in rejected:
-            self.programs.on_cancel(request)
+            self._left_queue(request)
         return ExpiredWorker(
             worker_id,
             worker.model,

@@ -32,6 +32,8 @@ class WorkerRegistry:
         self._reported_draining: dict[str, bool] = {}
         self._operator_drained: set[str] = set()  # survives a worker's expiry and return
         self.expected_models: frozenset[str] = frozenset()  # schedulable with no live worker
+        # Model groups (a model-choosing routing policy's): group name -> the models it may use.
+        self.groups: dict[str, frozenset[str]] = {}
 
     def update(self, report: WorkerReport, now: float) -> WorkerView:
         """Record a heartbeat; a new (or returning) worker joins with no placements."""
@@ -106,8 +108,10 @@ class WorkerRegistry:
         return {w.model for w in self._views.values()}
 
     def can_take(self, model: str) -> bool:
-        """Could some worker of ``model`` take a placement now (room, and not draining)?"""
-        return any(w.model == model and w.has_room and not w.draining for w in self._views.values())
+        """Could some worker of ``model`` (of one of its models, for a group) take a placement
+        now (room, and not draining)?"""
+        models = self.groups.get(model) or (model,)
+        return any(w.model in models and w.has_room and not w.draining for w in self._views.values())
 
     def expect(self, models: Iterable[str]) -> None:
         """From now on ``models`` (and no others) stay schedulable with no live worker: one is
@@ -115,11 +119,11 @@ class WorkerRegistry:
         self.expected_models = frozenset(models)
 
     def can_ever_serve(self, request: QueuedRequest) -> bool:
-        """Is the request's model expected, or does a live worker (draining or not) serve it and
-        is not excluded?"""
-        return request.model in self.expected_models or any(
-            w.model == request.model and w.worker_id not in request.exclude_workers
-            for w in self._views.values()
+        """Is the request's model (one of its group's models) expected, or does a live worker
+        (draining or not) serve it and is not excluded?"""
+        models = self.groups.get(request.model) or (request.model,)
+        return any(m in self.expected_models for m in models) or any(
+            w.model in models and w.worker_id not in request.exclude_workers for w in self._views.values()
         )
 
     def _admission_limit(self, max_batch: int) -> int:
