@@ -132,6 +132,7 @@ class Simulator:
         cache_policy: str | CachePolicy | None = None,
         record_completions: bool = False,
         cachemgr_delays: CacheManagerDelays = DEFAULT_DELAYS,
+        model_group: str | None = None,
     ) -> None:
         """``service_times``: each model's batch-1 service time, for the lower bound (none: 0).
         ``fast_forward``: take decode runs in one event (the results are the same).
@@ -144,8 +145,14 @@ class Simulator:
         cache manager (``cache_manager``; ``RunRecords.cache_manager`` says what it did), its
         messages delayed by ``cachemgr_delays``.  None: no cache manager, the engines evict LRU on their own.
         ``record_completions``: ``completions`` lists every call's ``CompletedCall``, in order
-        of ending (refused calls too, not ``ok``)."""
+        of ending (refused calls too, not ``ok``).
+        ``model_group``: a model group of the scheduler's (a ``ModelAssigning`` routing policy's):
+        every call that may run on more than one model (``Call.alternative_models``) is submitted
+        naming the group, with its workflow's input text (``WorkflowProgram.input``), and its record's
+        ``model`` becomes the model of the replica it is placed on."""
         self.service_times = dict(service_times or {})
+        self.model_group = model_group
+        self._wakes: set[float] = set()  # times a dispatch is due for the scheduler's ``wake_at``
         self.migrate_kv = migrate_kv
         self.fast_forward = fast_forward
         self.annotator = annotator
@@ -386,10 +393,12 @@ class Simulator:
         meta = AppMetadata(
             program.workflow_type, program.workflow_id, call.agent_id, parent_request_ids=call.dependencies
         )
+        grouped = self.model_group is not None and bool(call.alternative_models)
         request = QueuedRequest(
-            request_id=call.call_id, tenant=TENANT, model=call.model, arrival_time=now,
-            prompt_tokens=call.prompt_tokens, max_tokens=call.output_tokens, app_metadata=meta,
+            request_id=call.call_id, tenant=TENANT, model=self.model_group if grouped else call.model,
+            arrival_time=now, prompt_tokens=call.prompt_tokens, max_tokens=call.output_tokens, app_metadata=meta,
             annotations=None if self.annotator is None else self.annotator.annotate(program, call, now),
+            input_text=program.input.text if grouped and program.input is not None else "",
         )  # fmt: skip
         if self._builds_completions():
             self._served_with[call.call_id] = request.annotations
@@ -409,6 +418,7 @@ class Simulator:
             record = self._calls[decision.request_id]
             replica = self.replicas[decision.worker_id]
             record.worker_id, record.dispatch_time = replica.worker_id, now
+            record.model = replica.model  # a model group's call: the model chosen for it
             program = self._progress.programs[record.workflow_id]
             migration = self._moves.plan(decision, program, now) if self.migrate_kv else None
             if migration is None:
@@ -420,6 +430,14 @@ class Simulator:
         if decisions or self._submitted:  # nothing else changes a queue's depth
             self._submitted = False
             self._recorder.queue_depths(now, self.scheduler.queue_depths())
+        wake = self.scheduler.wake_at(now)
+        if wake is not None and wake > now and wake not in self._wakes:
+            self._wakes.add(wake)
+            self.events.at(wake, Phase.READY, partial(self._woken, wake))
+
+    def _woken(self, wake: float) -> None:
+        self._wakes.discard(wake)
+        self._dispatch()
 
     # ---- calls on the replicas -----------------------------------------------------------------
 
