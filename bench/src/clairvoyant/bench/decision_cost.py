@@ -12,6 +12,13 @@ dispatch has one free seat to fill and the queue stays at its length.  Requests 
 and program-aware policies see the state they would in a busy cluster.  ``--profile`` runs
 cProfile over the decisions of each preset that misses the goal and reports where the time goes.
 
+One more row, ``aragog+group`` (in the default list, or by name in ``--presets``), measures the
+``aragog`` preset as it runs with a model group: the workers serve three models (m-7b, m-14b,
+m-32b, round robin), every request names the group ``m-auto`` and belongs to a 4-agent workflow
+type whose 81 configurations a monotone router sorts per session (its first call runs the router
+search, inside the timed submit), so each decision is a beam-search round (width 4) over the
+meta-queue.  The ``aragog`` row itself has no group: it measures the preset on plain models.
+
 Each decision is timed twice: wall time (``perf_counter``, the goal's figure) and the thread's CPU
 time (``thread_time``), which leaves out the time the process waited for a core; on a shared
 machine the wall p99 measures the other processes as much as the scheduler.  "max placed" is the
@@ -28,14 +35,40 @@ import io
 import pstats
 import random
 import time
+import zlib
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 from clairvoyant.bench.common import BENCHMARKS, BenchResult, percentile, progress
 from clairvoyant.core.app_metadata import AppMetadata
+from clairvoyant.core.configspace import ConfigSpace
+from clairvoyant.core.model_groups import GroupWorkflow, ModelGroup, ModelGroups
+from clairvoyant.policy.aragog import AragogRouting
+from clairvoyant.policy.scheduling import FcfsPriority
 from clairvoyant.scheduler.core import PRESETS, GlobalScheduler, QueuedRequest, WorkerReport
 
 GOAL_P99_MS = 1.0
+GROUP_ROW = "aragog+group"  # the aragog preset with a model group (module docstring)
+GROUP = "m-auto"
+GROUP_COSTS = {"m-7b": 7.0, "m-14b": 14.0, "m-32b": 32.0}
+GROUP_SPACE = ConfigSpace("bench", tuple(f"agent{i}" for i in range(4)), (tuple(GROUP_COSTS),) * 4)
+
+
+class _ThresholdRouter:
+    """Accurate: the configurations that cost at least a per-input threshold (monotone, as §3.1
+    assumes), the threshold drawn from the input's crc32."""
+
+    def predict(self, space: ConfigSpace, text: str, configs: Sequence[int]) -> list[bool]:
+        least, most = space.cost(space.base, GROUP_COSTS), space.cost(space.reference, GROUP_COSTS)
+        threshold = least + (zlib.crc32(text.encode()) % 1000) / 1000 * (most - least)
+        return [space.cost(config, GROUP_COSTS) >= threshold for config in configs]
+
+
+def _group_scheduler() -> GlobalScheduler:
+    group = ModelGroup(GROUP, GROUP_COSTS, {GROUP_SPACE.workflow_type: GroupWorkflow(GROUP_SPACE)})
+    routing = AragogRouting(ModelGroups({GROUP: group}), routers={(GROUP, GROUP_SPACE.workflow_type): _ThresholdRouter()})
+    return GlobalScheduler(FcfsPriority(), routing, policy_name="aragog", max_queue_per_model=10**9)
 
 
 class _Load:
@@ -44,9 +77,15 @@ class _Load:
     def __init__(self, preset: str, args: argparse.Namespace) -> None:
         self.rng = random.Random(args.seed)
         self.sessions = args.sessions
-        self.sched = GlobalScheduler.from_preset(preset, max_queue_per_model=10**9)
+        grouped = preset == GROUP_ROW
+        self.model = GROUP if grouped else "m"
+        if grouped:
+            self.sched = _group_scheduler()
+        else:
+            self.sched = GlobalScheduler.from_preset(preset, max_queue_per_model=10**9)
+        models = list(GROUP_COSTS) if grouped else ["m"]
         for i in range(args.workers):
-            report = WorkerReport(f"w{i:03d}", "m", f"w{i}:1", max_batch=args.max_batch)
+            report = WorkerReport(f"w{i:03d}", models[i % len(models)], f"w{i}:1", max_batch=args.max_batch)
             self.sched.update_worker(report, now=0.0)
         self.now = 0.0
         self.count = 0
@@ -62,7 +101,8 @@ class _Load:
         session = f"s{self.rng.randrange(self.sessions)}"
         meta = AppMetadata("bench", session, f"agent{self.rng.randrange(4)}")
         prompt = self.rng.randint(200, 6000)
-        return QueuedRequest(f"r{self.count}", "t", "m", self.now, prompt, 256, meta)
+        text = session if self.model == GROUP else ""
+        return QueuedRequest(f"r{self.count}", "t", self.model, self.now, prompt, 256, meta, input_text=text)
 
     def free_one(self) -> None:
         if self.outstanding:
@@ -84,7 +124,8 @@ class DecisionCost:
     help = "time of one scheduling decision (submit + dispatch) with 10,000 queued, per preset (goal p99 <= 1 ms)"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--presets", default="", help="comma-separated; default every registered preset")
+        parser.add_argument("--presets", default="",
+                            help=f"comma-separated; default every registered preset and {GROUP_ROW}")  # fmt: skip
         parser.add_argument("--queued", type=int, default=10_000, help="requests waiting in the global queue")
         parser.add_argument("--workers", type=int, default=64)
         parser.add_argument("--max-batch", type=int, default=8, help="each worker's max_batch")
@@ -98,7 +139,7 @@ class DecisionCost:
     def run(self, args: argparse.Namespace) -> BenchResult:
         if args.quick:
             args.queued, args.decisions, args.warmup = 1_000, 50, 5
-        presets = [p for p in args.presets.split(",") if p] or PRESETS.names()
+        presets = [p for p in args.presets.split(",") if p] or [*PRESETS.names(), GROUP_ROW]
         rows: list[list[Any]] = []
         notes: list[str] = []
         for preset in presets:

@@ -13,6 +13,7 @@ from clairvoyant.policy import cache_pythia as cache_pythia  # registers pythia 
 from clairvoyant.policy import cache_saga as cache_saga  # registers saga (cache)
 
 # isort: split
+from clairvoyant.policy import aragog as aragog  # registers the aragog presets (and per-input, per-workflow)
 from clairvoyant.policy import autellix as autellix  # registers the autellix, plas, atlas, mlfq presets
 from clairvoyant.policy import baselines as baselines  # registers the industry baseline presets
 from clairvoyant.policy import clairvoyant as clairvoyant  # registers the clairvoyant preset

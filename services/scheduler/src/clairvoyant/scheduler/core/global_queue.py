@@ -128,6 +128,7 @@ class GlobalScheduler(SchedulerInspection):
         self._waking = cast(Waking, routing) if Capability.WAKES in routing_can else None
         if self._assigner is not None:
             self._workers.groups = {g: frozenset(m) for g, m in self._assigner.group_models().items()}
+            self._queues.unranked = frozenset(self._workers.groups)
 
     @classmethod
     def from_preset(cls, preset: str, **options: Any) -> GlobalScheduler:
@@ -283,14 +284,16 @@ class GlobalScheduler(SchedulerInspection):
         as a call of its worker's model."""
         assert self._assigner is not None
         members = self._workers.groups[group]
+        queued = self._queues.requests_by_id(group)
         for request_id, worker_id in self._assigner.assign(group, self._workers.views(), now):
-            request = self._queues.remove(request_id)
-            if request is None or request.model != group:
+            request = queued.get(request_id)
+            if request is None:
                 raise RuntimeError(f"model-assigning policy assigned {request_id!r}, not queued for group {group!r}")
             chosen = self._workers.get(worker_id)
             concrete = dataclasses.replace(request, model=chosen.model) if chosen is not None else request
             if chosen is None or chosen.model not in members or not eligible_workers(concrete, [chosen]):
                 raise RuntimeError(f"model-assigning policy chose ineligible worker {worker_id!r} for {request_id!r}")
+            self._queues.remove(request_id)
             if concrete.app_metadata is not None:
                 meta = concrete.app_metadata
                 self._agent_models[(meta.workflow_type_id, meta.agent_id)] = concrete.model

@@ -16,7 +16,7 @@ heap entry is ``_entries[id]``; any other entry of it is stale and skipped.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Mapping
 
 from clairvoyant.core.errors import InvalidRequest, QueueFull
 from clairvoyant.policy.process_table import ChangeFeed, ProgramKey, program_key
@@ -58,6 +58,8 @@ class GlobalQueues:
         self._evaluate_all: set[str] = set()  # models whose every queued request is to evaluate
         self._by_program: dict[ProgramKey, dict[str, QueuedRequest]] = {}  # in submission order
         self._feeds: list[ChangeFeed] = []
+        # Queues nobody ranks: a model group's, whose calls a model-assigning policy places.
+        self.unranked: frozenset[str] = frozenset()
 
     def check_room(self, request: QueuedRequest) -> None:
         """Raise InvalidRequest when the id is already queued, QueueFull when the model's queue is
@@ -75,7 +77,9 @@ class GlobalQueues:
         """Queue ``request`` (``check_room`` passed); a fixed priority is evaluated now."""
         queue = self._queues.setdefault(request.model, {})
         queue[request.request_id] = request
-        if self._fixed:
+        if request.model in self.unranked:
+            pass
+        elif self._fixed:
             self._submitted += 1
             heap = self._heaps.setdefault(request.model, [])
             entry = (-self.priority_policy.priority(request, now), request.arrival_time, self._submitted, request)
@@ -209,6 +213,10 @@ class GlobalQueues:
         """The models that have had a queue, in order of their first request."""
         return list(self._queues)
 
+    def requests_by_id(self, model: str) -> Mapping[str, QueuedRequest]:
+        """``model``'s waiting requests by id (a live view: do not change it)."""
+        return self._queues.get(model, {})
+
     def depth(self, model: str) -> int:
         return len(self._queues.get(model, ()))
 
@@ -244,16 +252,18 @@ class GlobalQueues:
         expected = {(k, r.request_id) for q in self._queues.values() for r in q.values() if (k := program_key(r))}
         assert by_program == expected, "program index drifted"
         if self._fixed:
-            queued = {rid for q in self._queues.values() for rid in q}
+            queued = {rid for m, q in self._queues.items() if m not in self.unranked for rid in q}
             assert set(self._entries) == queued, "a queued request without its heap entry"
         if self._incremental is not None:
             self._check_incremental()
 
     def _check_incremental(self) -> None:
-        queued = {rid: r for q in self._queues.values() for rid, r in q.items()}
+        queued = {rid: r for m, q in self._queues.items() if m not in self.unranked for rid, r in q.items()}
         assert set(self._order) == set(queued), "submission numbers drifted"
         assert set(self._entries) <= set(queued), "an entry of a request no longer queued"
         for model, queue in self._queues.items():
+            if model in self.unranked:
+                continue
             heap_ids = {id(entry) for entry in self._heaps.get(model, ())}
             pending = self._to_evaluate.get(model, {})
             for rid in queue:
