@@ -8,6 +8,8 @@ every worker registered.  A service that crashes afterwards is started again aft
 (``RestartPolicy``) while the rest keep running.
 The log says which L3 the workers use (``CV_L3_URL``); when it names a Mooncake master on this
 machine that is not running, the stack runs one too (``clairvoyant.stack.l3``).
+Model groups (``CV_MODEL_GROUPS``, a declaration for the scheduler) start one worker per model they
+name unless ``CV_WORKER_MODELS`` lists each worker's model.
 Ctrl-C or SIGTERM stops everything, gateway first.  The test suite starts the same stack through
 ``Stack``.
 
@@ -38,6 +40,7 @@ from clairvoyant.contracts.v1 import scheduler_pb2, scheduler_pb2_grpc
 from clairvoyant.core.config import ServiceSettings
 from clairvoyant.core.grpcutil import GrpcTls, sync_channel
 from clairvoyant.core.logs import mask_url, setup_logging
+from clairvoyant.core.model_groups import ModelGroupError, load_model_groups
 from clairvoyant.core.processes import PARENT_PID_ENV
 from clairvoyant.stack.l3 import plan_local_l3
 from clairvoyant.stack.mooncakemaster import MooncakeMaster
@@ -134,6 +137,8 @@ class StackConfig:
     worker_http_base: int = 8101
     nats_url: str | None = None  # reuse this server instead of starting one
     policy: str | None = None
+    model_groups: Path | None = None  # the scheduler's CV_MODEL_GROUPS
+    worker_models: tuple[str, ...] = ()  # each worker's model; () : ``model`` on ``workers`` workers
     env: dict[str, str] = field(default_factory=dict)  # extra environment for every service
     worker_env: dict[str, str] = field(default_factory=dict)
     log_dir: Path | None = None  # each service's output to <log_dir>/<name>.log, not this stderr
@@ -151,15 +156,28 @@ class StackConfig:
             gateway_port=int(env.get("CV_GATEWAY_PORT", "8000")),
             nats_url=env.get("CV_NATS_URL") or None,
             policy=env.get("CV_POLICY") or None,
+            model_groups=Path(env["CV_MODEL_GROUPS"]) if env.get("CV_MODEL_GROUPS") else None,
+            worker_models=tuple(m.strip() for m in env.get("CV_WORKER_MODELS", "").split(",") if m.strip()),
             autoscaler=env.get("CV_AUTOSCALER") or None,
         )
+
+    def models_of_workers(self) -> list[str]:
+        """The model of each worker to start: ``worker_models``; else, with model groups, one
+        worker per model they name (in declaration order); else ``model`` on ``workers`` workers.
+        Raises ModelGroupError for a declaration that cannot be read."""
+        if self.worker_models:
+            return list(self.worker_models)
+        if self.model_groups is not None:
+            groups = load_model_groups(self.model_groups).groups.values()
+            return list(dict.fromkeys(model for group in groups for model in group.models))
+        return [self.model] * self.workers
 
     @classmethod
     def on_free_ports(cls, var_dir: Path, *, env: dict[str, str] | None = None, **fields: Any) -> StackConfig:
         """A private stack for tests and benchmarks: every port free, quiet logs, SQLite under
         ``var_dir``; ``env`` adds to that environment, ``fields`` set the rest."""
         base_env = {"CV_LOG_LEVEL": "WARNING", "CV_DATABASE_URL": f"sqlite:///{var_dir / 'gateway.db'}"}
-        workers = int(fields.get("workers", cls.workers))
+        workers = len(cls(var_dir=var_dir, **fields).models_of_workers())
         # gateway x2, scheduler x2, profiler x2, workers (worker i uses base + i) x2, autoscaler, cachemgr x2
         ports = free_ports(1, 1, 1, 1, 1, 1, max(workers, 1), max(workers, 1), 1, 1, 1)
         return cls(
@@ -200,6 +218,7 @@ class Stack:
         self.cachemgr_address = ""
         self.autoscaler_address = ""
         self.worker_http_urls: list[str] = []
+        self.worker_models: list[str] = []  # each started worker's model, known after start
         self._grpc_tls = GrpcTls()
 
     def start(self, ready_timeout: float = 180.0) -> Stack:
@@ -229,6 +248,13 @@ class Stack:
         }
         if cfg.policy:
             scheduler_env["CV_POLICY"] = cfg.policy
+        if cfg.model_groups is not None:
+            scheduler_env["CV_MODEL_GROUPS"] = str(cfg.model_groups.resolve())
+        try:
+            self.worker_models = cfg.models_of_workers()
+        except ModelGroupError:
+            self.stop()
+            raise
         self._spawn("scheduler", "clairvoyant.scheduler", {**base, **scheduler_env})
         if cfg.profiler:
             profiler_port = _pick(cfg.profiler_port, "profiler gRPC")
@@ -243,7 +269,7 @@ class Stack:
             self._spawn("profiler", "clairvoyant.profiler", {**base, **profiler_env})
         if cfg.cachemgr:
             self._spawn_cachemgr(base)
-        for i in range(cfg.workers):
+        for i, model in enumerate(self.worker_models):
             grpc_port = _pick(cfg.worker_grpc_base + i, f"worker-{i + 1} gRPC")
             http_port = _pick(cfg.worker_http_base + i, f"worker-{i + 1} HTTP")
             self.worker_http_urls.append(f"http://127.0.0.1:{http_port}")
@@ -252,7 +278,7 @@ class Stack:
                 **cfg.worker_env,
                 **self._l3_env(),
                 "CV_WORKER_ID": f"worker-{i + 1}",
-                "CV_MODEL": cfg.model,
+                "CV_MODEL": model,
                 "CV_WORKER_GRPC_PORT": str(grpc_port),
                 "CV_WORKER_HTTP_PORT": str(http_port),
             }
@@ -358,7 +384,7 @@ class Stack:
                     workers = len(snapshot.workers)
                 except grpc.RpcError:
                     pass
-                if workers >= self.config.workers and port_open("127.0.0.1", self.config.gateway_port):
+                if workers >= len(self.worker_models) and port_open("127.0.0.1", self.config.gateway_port):
                     return
                 if time.monotonic() > deadline:
                     self.stop()
@@ -510,14 +536,13 @@ def main(argv: list[str] | None = None, config: StackConfig | None = None) -> in
     stack = Stack(config)
     try:
         stack.start()
-    except (RuntimeError, TimeoutError, FileNotFoundError) as exc:
+    except (RuntimeError, TimeoutError, FileNotFoundError, ModelGroupError) as exc:
         logger.error("could not start the stack: %s", exc)
         return 1
     logger.info(
-        "ready: OpenAI-compatible API at %s/v1 (model %s, %d workers); Ctrl-C stops",
+        "ready: OpenAI-compatible API at %s/v1 (workers: %s); Ctrl-C stops",
         stack.gateway_url,
-        config.model,
-        config.workers,
+        ", ".join(stack.worker_models),
     )
     parent = os.getppid()
     while not stopping:

@@ -124,12 +124,12 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             async for text in generation.deltas():
                 await context.write(
                     gateway_pb2.ChatCompletionChunk(
-                        id=chunk_id, model=req.model, created=generation.created, delta=text
+                        id=chunk_id, model=generation.request.model, created=generation.created, delta=text
                     )
                 )
             last = gateway_pb2.ChatCompletionChunk(
                 id=chunk_id,
-                model=req.model,
+                model=generation.request.model,  # the served model (a model group's choice)
                 created=generation.created,
                 finish_reason=generation.finish_reason or "stop",
             )

@@ -47,6 +47,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 CLIENT_CLOSED = 499  # nginx's status for "the client went away first"; only our metrics see it
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# /v1/models: a model group's owned_by (the scheduler picks a served model per call).
+GROUP_OWNER = "clairvoyant-model-group"
 
 
 def error_response(err: ClairvoyantError) -> JSONResponse:
@@ -222,9 +224,15 @@ def create_app(settings: GatewaySettings, frontend: GatewayFrontend) -> FastAPI:
     async def list_models(request: Request) -> Response:
         await frontend.auth.authenticate(request.headers.get("authorization"))
         models = await frontend.models.models()
+        groups = await frontend.models.groups()
         cards = [
             ModelCard(id=m.name, created=frontend.started_at, max_model_len=m.max_model_len or None)
             for m in models.values()
+        ] + [
+            ModelCard(
+                id=g.name, created=frontend.started_at, owned_by=GROUP_OWNER, max_model_len=g.max_model_len or None
+            )
+            for g in groups.values()
         ]
         return Response(ModelList(data=cards).model_dump_json(), media_type="application/json")
 

@@ -1,4 +1,9 @@
-"""Which models are served: read from the scheduler's Snapshot and cached briefly."""
+"""Which models are served, and which model groups are declared: read from the scheduler's Snapshot
+and cached briefly.
+
+A *model group* (``CV_MODEL_GROUPS`` at the scheduler) is a name a request may send as its model;
+the scheduler then picks the served model of each call among the group's (Aragog, seeds/002).
+"""
 
 from __future__ import annotations
 
@@ -25,8 +30,21 @@ class ServedModel:
     workers: int
 
 
+@dataclass(frozen=True)
+class ServedGroup:
+    """A declared model group, with what the registered workers of its models serve."""
+
+    name: str
+    models: tuple[str, ...]  # the served models its calls may run on, cheapest first
+    # The smallest context window among its models' workers, so a call fits whichever model runs
+    # it; 0 when none reported one.
+    max_model_len: int
+    workers: int  # live workers serving one of its models
+
+
 class ModelCatalog:
-    """Answers "is this model served, and how long may a request be" without a Snapshot per request.
+    """Answers "is this model served (or a model group), and how long may a request be" without a
+    Snapshot per request.
 
     A cache of ``ttl_s`` seconds (about one) keeps /v1/models and request admission cheap while a
     newly registered worker still shows up almost at once.  Concurrent misses share one Snapshot.
@@ -41,28 +59,44 @@ class ModelCatalog:
         self._lock = asyncio.Lock()
         self._fetched_at = float("-inf")
         self._models: dict[str, ServedModel] = {}
+        self._groups: dict[str, ServedGroup] = {}
 
     async def models(self) -> dict[str, ServedModel]:
-        """Raises Unavailable when the scheduler cannot be reached."""
+        """The served models.  Raises Unavailable when the scheduler cannot be reached."""
+        await self._refresh()
+        return self._models
+
+    async def groups(self) -> dict[str, ServedGroup]:
+        """The declared model groups.  Raises Unavailable when the scheduler cannot be reached."""
+        await self._refresh()
+        return self._groups
+
+    async def _refresh(self) -> None:
         if self._now() - self._fetched_at < self._ttl_s:
-            return self._models
+            return
         async with self._lock:
             if self._now() - self._fetched_at >= self._ttl_s:
                 snapshot = await self._scheduler.snapshot()
                 self._models = self._summarise(snapshot)
+                self._groups = self._summarise_groups(snapshot, self._models)
                 self._fetched_at = self._now()
-        return self._models
 
-    async def resolve(self, name: str) -> ServedModel:
+    async def resolve(self, name: str) -> ServedModel | ServedGroup:
+        """The served model or model group ``name``.  Raises ModelNotFound (naming both kinds of
+        choice) for neither, NoWorkers while nothing at all is registered."""
         models = await self.models()
         if name in models:
             return models[name]
-        if not models:
+        if name in self._groups:
+            return self._groups[name]
+        if not models and not self._groups:
             raise NoWorkers(
                 "no worker is registered yet; retry shortly", code="no_workers", retry_after_s=1.0
             )
+        groups = f"; model groups: {', '.join(sorted(self._groups))}" if self._groups else ""
         raise ModelNotFound(
-            f"the model {name!r} does not exist; available: {', '.join(sorted(models))}", param="model"
+            f"the model {name!r} does not exist; available: {', '.join(sorted(models)) or 'none'}{groups}",
+            param="model",
         )
 
     @staticmethod
@@ -79,3 +113,16 @@ class ModelCatalog:
             model: ServedModel(model, min(lengths.get(model, [0])), count)
             for model, count in sorted(counts.items())
         }
+
+    @staticmethod
+    def _summarise_groups(
+        snapshot: scheduler_pb2.SchedulerSnapshot, models: dict[str, ServedModel]
+    ) -> dict[str, ServedGroup]:
+        groups = {}
+        for group in snapshot.groups:
+            served = [models[m] for m in group.models if m in models]
+            lengths = [m.max_model_len for m in served if m.max_model_len]
+            groups[group.name] = ServedGroup(
+                group.name, tuple(group.models), min(lengths, default=0), sum(m.workers for m in served)
+            )
+        return groups

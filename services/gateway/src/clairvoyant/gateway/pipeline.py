@@ -3,6 +3,10 @@
     resolve model -> annotate (optional profiler) -> Scheduler.Schedule (waits in the global queue)
       -> Worker.Generate (first message in) -> stream deltas -> Scheduler.Complete + CompletionRecord
 
+A request for a model group (``models.py``) sends its input text along to the scheduler, which
+picks the served model; from the placement on, the request is the served model's: Generate, the
+answer's ``model``, and the CompletionRecord all name the model that ran it.
+
 ``start`` either raises a ``ClairvoyantError`` -- the request was refused, no state changed and
 nothing is published -- or returns a ``Generation`` that the edge streams from and closes.  A
 worker that is UNAVAILABLE before its first message gets the request re-placed once, elsewhere.
@@ -32,12 +36,12 @@ from clairvoyant.core.errors import (
     Unavailable,
 )
 from clairvoyant.core.telemetry import tracer
-from clairvoyant.core.wire import app_metadata_to_proto
 from clairvoyant.gateway import metrics
 from clairvoyant.gateway.clients import AnnotateClient, NoAnnotator, SchedulerClient, WorkerPool
 from clairvoyant.gateway.generation import Generation
 from clairvoyant.gateway.leases import HeldPlacements
-from clairvoyant.gateway.models import ModelCatalog, ServedModel
+from clairvoyant.gateway.messages import INPUT_TEXT_MAX_CHARS, encode_messages, placed_generate_request
+from clairvoyant.gateway.models import ModelCatalog, ServedGroup, ServedModel
 from clairvoyant.gateway.records import STATUS_CANCELLED, STATUS_ERROR, Outcome, build_record
 from clairvoyant.gateway.request import CompletionResult, GenerationRequest
 
@@ -114,9 +118,12 @@ class Pipeline:
             request, sampling=replace(request.sampling, max_tokens=self._max_tokens(request, model, estimate))
         )
         annotations = await self.annotator.annotate(request, estimate)
+        input_text = request.input_text()[:INPUT_TEXT_MAX_CHARS] if isinstance(model, ServedGroup) else ""
         # Both messages are encoded while nothing is held: input that cannot go on the wire is
         # refused here, never after a placement exists.
-        schedule_msg, generate_msg = encode_messages(request, annotations, estimate, self.held.owner)
+        schedule_msg, generate_msg = encode_messages(
+            request, annotations, estimate, self.held.owner, input_text=input_text
+        )
         excluded: list[str] = []
         while True:
             del schedule_msg.exclude_workers[:]
@@ -162,11 +169,14 @@ class Pipeline:
         generate_msg: worker_pb2.GenerateRequest,
         request_span: trace.Span,
     ) -> Generation:
-        """Open the Generate call on the placed worker; the Generation owns the placement."""
+        """Open the Generate call on the placed worker; the Generation owns the placement, and
+        answers as the model that runs the call (a model group's call: the one the scheduler chose)."""
         msg = placed_generate_request(generate_msg, placement)
+        if msg.model != request.model:
+            request = replace(request, model=msg.model)
         scheduled_time = self.now()
         attempt_span = _tracer.start_span(
-            "gateway.generate", attributes={"cv.worker_id": placement.worker_id}
+            "gateway.generate", attributes={"cv.worker_id": placement.worker_id, "cv.served_model": msg.model}
         )
         with trace.use_span(attempt_span, end_on_exit=False):  # the worker's span joins this trace
             call = self.workers.generate(placement.worker_address, msg)
@@ -182,7 +192,9 @@ class Pipeline:
         self.held.drop(request_id)
         await self.scheduler.complete(request_id, worker_id, status, output_tokens)
 
-    def _max_tokens(self, request: GenerationRequest, model: ServedModel, prompt_estimate: int) -> int:
+    def _max_tokens(
+        self, request: GenerationRequest, model: ServedModel | ServedGroup, prompt_estimate: int
+    ) -> int:
         asked = request.sampling.max_tokens
         if asked is None:  # the default must not push a short model past its context window
             room = model.max_model_len - prompt_estimate if model.max_model_len else self.default_max_tokens
@@ -228,64 +240,6 @@ class Pipeline:
         """Wait for pending releases and records (at shutdown)."""
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=timeout_s)
-
-
-def encode_messages(
-    request: GenerationRequest,
-    annotations: common_pb2.SysAnnotations | None,
-    prompt_tokens: int,
-    owner: str,
-) -> tuple[scheduler_pb2.ScheduleRequest, worker_pb2.GenerateRequest]:
-    """The Schedule and Generate messages of ``request`` (the Generate one without its placement's
-    fields).  Raises InvalidRequest for text protobuf cannot encode (a lone UTF-16 surrogate)."""
-    try:
-        schedule = scheduler_pb2.ScheduleRequest(
-            request_id=request.request_id,
-            tenant=request.tenant,
-            model=request.model,
-            prompt_tokens=prompt_tokens,
-            max_tokens=request.sampling.max_tokens or 0,
-            owner=owner,
-        )
-        generate = worker_pb2.GenerateRequest(
-            request_id=request.request_id,
-            model=request.model,
-            sampling=request.sampling.to_proto(),
-            tenant=request.tenant,
-        )
-        if request.chat is not None:
-            turns = [
-                common_pb2.ChatMessage(role=t.role, content=t.content, name=t.name) for t in request.chat
-            ]
-            generate.chat.CopyFrom(worker_pb2.ChatMessages(messages=turns))
-        else:
-            generate.prompt = request.prompt or ""
-        if request.app_metadata is not None:
-            schedule.app_metadata.CopyFrom(app_metadata_to_proto(request.app_metadata))
-            generate.app_metadata.CopyFrom(schedule.app_metadata)
-        if annotations is not None:
-            schedule.annotations.CopyFrom(annotations)
-            generate.annotations.CopyFrom(annotations)
-    except UnicodeEncodeError as exc:
-        raise InvalidRequest(
-            f"the request holds text that is not valid Unicode ({exc.reason}: {exc.object[exc.start : exc.end]!a})",
-            code="invalid_encoding",
-        ) from None
-    return schedule, generate
-
-
-def placed_generate_request(
-    generate_msg: worker_pb2.GenerateRequest, placement: scheduler_pb2.Placement
-) -> worker_pb2.GenerateRequest:
-    """The Generate message for one placement: what the worker's engine rule reads comes from the
-    scheduler (the base priority, the preset, the program's waiting and service time)."""
-    msg = worker_pb2.GenerateRequest()
-    msg.CopyFrom(generate_msg)
-    msg.base_priority = placement.base_priority
-    msg.scheduler_preset = placement.preset
-    msg.program_wait_s = placement.program_wait_s
-    msg.program_service_s = placement.program_service_s
-    return msg
 
 
 def _span_attributes(request: GenerationRequest) -> dict[str, str | bool]:

@@ -66,6 +66,13 @@ class GenerationRequest:
             return len(self.prompt)
         return sum(len(turn.content) for turn in self.chat or ())
 
+    def input_text(self) -> str:
+        """The workflow's input as a model-choosing scheduler reads it: the prompt, or the content of
+        the last user message ("" when there is none)."""
+        if self.prompt is not None:
+            return self.prompt
+        return next((turn.content for turn in reversed(self.chat or ()) if turn.role == "user"), "")
+
     def estimated_prompt_tokens(self) -> int:
         """A cheap guess for the scheduler (about four characters a token); the worker counts exactly."""
         turns = len(self.chat or ())

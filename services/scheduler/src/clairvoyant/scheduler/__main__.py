@@ -12,11 +12,16 @@ from pydantic import ValidationError
 from clairvoyant.core.lifecycle import serve_until_signal
 from clairvoyant.core.logs import setup_logging
 from clairvoyant.core.metrics import serve_metrics
+from clairvoyant.core.model_groups import ModelGroupError
 from clairvoyant.core.processes import follow_parent
 from clairvoyant.core.telemetry import setup_tracing
 from clairvoyant.policy import PRESETS
 from clairvoyant.scheduler.app import SchedulerApp
 from clairvoyant.scheduler.config import SchedulerSettings
+from clairvoyant.scheduler.model_groups import SchedulerPolicies, build_scheduler_policies
+
+# A start-up refusal of a bad model-groups declaration (CV_MODEL_GROUPS) or router profile.
+EXIT_BAD_MODEL_GROUPS = 2
 
 logger = logging.getLogger("clairvoyant.scheduler")
 
@@ -43,9 +48,9 @@ def load_settings(argv: list[str] | None = None) -> SchedulerSettings:
     return SchedulerSettings(**overrides)  # flags win over CV_* variables, which win over defaults
 
 
-async def serve(settings: SchedulerSettings) -> None:
+async def serve(settings: SchedulerSettings, policies: SchedulerPolicies) -> None:
     serve_metrics(settings.host, settings.metrics_port)
-    await serve_until_signal(SchedulerApp(settings))
+    await serve_until_signal(SchedulerApp(settings, policies=policies))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -54,9 +59,14 @@ def main(argv: list[str] | None = None) -> None:
         settings = load_settings(argv)
     except ValidationError as err:  # a bad CV_* value: say which, without a traceback
         sys.exit(f"invalid scheduler settings:\n{err}")
+    try:
+        policies = build_scheduler_policies(settings.policy, settings.model_groups)
+    except ModelGroupError as err:  # before serving: a declaration nobody can use is a bad setting
+        print(f"invalid model groups (CV_MODEL_GROUPS): {err}", file=sys.stderr)
+        sys.exit(EXIT_BAD_MODEL_GROUPS)
     setup_logging("scheduler", settings.log_level, settings.log_json)
     setup_tracing("scheduler")
-    asyncio.run(serve(settings))
+    asyncio.run(serve(settings, policies))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from clairvoyant.scheduler.core import GlobalScheduler, KvIndex, LeaseBook
 from clairvoyant.scheduler.grpc_api import SchedulerServicer
 from clairvoyant.scheduler.kv_migration import KvMover
 from clairvoyant.scheduler.liveness import WorkerProber
+from clairvoyant.scheduler.model_groups import SchedulerPolicies, build_scheduler_policies
 
 logger = logging.getLogger(__name__)
 
@@ -31,11 +32,21 @@ class SchedulerApp:
     """One scheduler process.  ``start`` binds and connects; ``stop`` is graceful and idempotent."""
 
     def __init__(
-        self, settings: SchedulerSettings, *, clock: Clock | None = None, tracer: trace.Tracer | None = None
+        self,
+        settings: SchedulerSettings,
+        *,
+        clock: Clock | None = None,
+        tracer: trace.Tracer | None = None,
+        policies: SchedulerPolicies | None = None,
     ) -> None:
+        """``policies``: built from the settings when not given (``build_scheduler_policies``,
+        which raises ModelGroupError for a declaration the preset cannot use)."""
         self.settings = settings
-        self.core = GlobalScheduler.from_preset(
-            settings.policy,
+        policies = policies or build_scheduler_policies(settings.policy, settings.model_groups)
+        self.core = GlobalScheduler(
+            policies.priority,
+            policies.routing,
+            policy_name=settings.policy,
             max_queue_per_model=settings.max_queue_per_model,
             queue_retry_after_s=settings.queue_retry_after_s,
             heartbeat_timeout_factor=settings.heartbeat_timeout_factor,
@@ -48,7 +59,12 @@ class SchedulerApp:
         probe_s = settings.worker_probe_timeout_s
         self.prober = WorkerProber(probe_s) if probe_s > 0 else None
         self.servicer = SchedulerServicer(
-            self.core, clock or SystemClock(), tracer, kv_mover=self.kv_mover, prober=self.prober
+            self.core,
+            clock or SystemClock(),
+            tracer,
+            kv_mover=self.kv_mover,
+            prober=self.prober,
+            groups=policies.groups,
         )
         self.bus = EventBus(settings.nats_url, "scheduler", connect_timeout_s=settings.nats_connect_timeout_s)
         self.server = new_server()
@@ -77,6 +93,8 @@ class SchedulerApp:
         self._expiry_task = asyncio.create_task(self._expire_forever(), name="scheduler-expiry")
         await mark_serving(self.health, [SERVICE_NAME])
         logger.info("scheduler (policy %s) listening on %s", self.settings.policy, self.address)
+        for group in self.servicer.groups.groups.values():
+            logger.info("model group %s: %s", group.name, ", ".join(group.models))
 
     async def stop(self) -> None:
         if self._stopped:

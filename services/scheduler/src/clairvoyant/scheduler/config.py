@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field, field_validator
 
 from clairvoyant.core.config import ServiceSettings
@@ -12,6 +14,12 @@ class SchedulerSettings(ServiceSettings):
     scheduler_port: int = Field(50051, ge=0, le=65535, description="gRPC port; 0 picks a free one")
     metrics_port: int = Field(9101, ge=0, le=65535, description="Prometheus /metrics; 0 disables")
     policy: str = Field("fcfs-rr", description="scheduler preset: " + ", ".join(PRESETS.names()))
+    model_groups: Path | None = Field(
+        None,
+        description="model groups (YAML or JSON; clairvoyant.core.model_groups): names a request may send "
+        "as its model for the scheduler to choose the served model per call; needs a preset that "
+        "chooses models (aragog, aragog-per-input, aragog-per-workflow)",
+    )
     max_queue_per_model: int = Field(
         1024, ge=1, description="requests waiting per model before RESOURCE_EXHAUSTED"
     )
@@ -50,6 +58,11 @@ class SchedulerSettings(ServiceSettings):
         description="a worker whose heartbeats stop is asked for its stats over gRPC, with this deadline, "
         "before it is expired; 0 expires on silence alone",
     )
+
+    @field_validator("model_groups", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return None if value == "" else value  # CV_MODEL_GROUPS= (compose's default) declares none
 
     @field_validator("policy")
     @classmethod

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from clairvoyant.contracts.v1 import scheduler_pb2, worker_pb2
 from clairvoyant.core.errors import InvalidRequest
+from clairvoyant.core.model_groups import ModelGroups
 from clairvoyant.core.wire import (
     annotations_from_proto,
     annotations_to_proto,
@@ -20,6 +21,10 @@ from clairvoyant.scheduler.core import (
     SchedulerSnapshot,
     WorkerReport,
 )
+
+# ScheduleRequest.input_text is cut to this many characters (the gateway already does; a caller
+# that does not still cannot make the configuration routers read more).
+INPUT_TEXT_MAX_CHARS = 4096
 
 
 def queued_request(msg: scheduler_pb2.ScheduleRequest, now: float) -> QueuedRequest:
@@ -41,6 +46,7 @@ def queued_request(msg: scheduler_pb2.ScheduleRequest, now: float) -> QueuedRequ
         exclude_workers=frozenset(msg.exclude_workers),
         owner=msg.owner,
         prompt_block_hashes=tuple(msg.prompt_block_hashes),
+        input_text=msg.input_text[:INPUT_TEXT_MAX_CHARS],
     )
 
 
@@ -66,11 +72,13 @@ def worker_report(stats: worker_pb2.WorkerStats) -> WorkerReport:
 
 def placement(decision: Decision, preset: str = "", lease_s: float = 0.0) -> scheduler_pb2.Placement:
     """``preset``: the scheduler's preset name, which the worker's engine rule follows; ``lease_s``:
-    how long the placement lives without a Renew (0: it has no lease)."""
+    how long the placement lives without a Renew (0: it has no lease).  The placement's model is
+    its worker's: for a call of a model group, the one the policy chose."""
     return scheduler_pb2.Placement(
         request_id=decision.request_id,
         worker_id=decision.worker_id,
         worker_address=decision.worker.address,
+        model=decision.worker.model,
         base_priority=decision.base_priority,
         queue_wait_s=decision.queue_wait_s,
         preset=preset,
@@ -80,9 +88,14 @@ def placement(decision: Decision, preset: str = "", lease_s: float = 0.0) -> sch
     )
 
 
-def snapshot(snap: SchedulerSnapshot) -> scheduler_pb2.SchedulerSnapshot:
+def snapshot(snap: SchedulerSnapshot, groups: ModelGroups | None = None) -> scheduler_pb2.SchedulerSnapshot:
+    """``groups``: the declared model groups, listed with their models cheapest first."""
     return scheduler_pb2.SchedulerSnapshot(
         policy=snap.policy,
+        groups=[
+            scheduler_pb2.ModelGroupInfo(name=group.name, models=group.models)
+            for group in (groups.groups.values() if groups is not None else ())
+        ],
         queues=[
             scheduler_pb2.ModelQueue(model=q.model, depth=q.depth, capacity=q.capacity) for q in snap.queues
         ],

@@ -2,7 +2,9 @@
 
 Everything runs on one event loop, so the core needs no locks.  A Schedule call submits to the
 core and awaits a Future that ``_dispatch`` resolves once the core places the request; dispatch
-runs after every event that can free or add capacity (submit, complete, heartbeat, resume).
+runs after every event that can free or add capacity (submit, complete, heartbeat, resume), and
+at the time the core asks to be woken (``GlobalScheduler.wake_at``: a policy waiting on something
+of its own, e.g. a model group's configuration search).
 
 A placement whose decision names a ``kv_source`` (SAGA's stolen sessions) is answered only after
 ``KvMover`` has moved the session's KV there, or given up (kv_migration.py says why here).
@@ -23,6 +25,7 @@ from clairvoyant.contracts.v1 import common_pb2, scheduler_pb2, scheduler_pb2_gr
 from clairvoyant.core.clock import Clock
 from clairvoyant.core.errors import ClairvoyantError, InvalidRequest, NoWorkers, QueueFull, Unavailable
 from clairvoyant.core.grpc_errors import abort
+from clairvoyant.core.model_groups import ModelGroups
 from clairvoyant.core.telemetry import extract_context
 from clairvoyant.core.telemetry import tracer as get_tracer
 from clairvoyant.core.wire import kv_batch
@@ -49,18 +52,23 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         *,
         kv_mover: KvMover | None = None,
         prober: WorkerProber | None = None,
+        groups: ModelGroups | None = None,
     ) -> None:
         """``kv_mover``: moves KV for placements that name a ``kv_source``; None: they recompute.
-        ``prober``: asks a silent worker for its stats before it is expired; None: silence expires."""
+        ``prober``: asks a silent worker for its stats before it is expired; None: silence expires.
+        ``groups``: the model groups the core's routing policy was built with (the Snapshot lists them)."""
         self.core = core
         self.clock = clock
         self._tracer = tracer or get_tracer(__name__)
         self.kv_mover = kv_mover
         self.prober = prober
+        self.groups = groups or ModelGroups()
         self._waiters: dict[str, asyncio.Future[Decision]] = {}
         self._sessions: dict[str, tuple[str, str]] = {}  # waiting request -> (tenant, workflow_id)
         self._moving: dict[str, asyncio.Task[None]] = {}  # placed request -> its KV move
         self._gauge_models: set[str] = set()  # models whose gauges we have set, to zero them later
+        self._wake: asyncio.TimerHandle | None = None  # the next dispatch the core asked for
+        self._wake_at: float | None = None  # its time on the clock; None iff no timer is set
         self._closing = False
 
     # ---- RPCs -----------------------------------------------------------------------------------
@@ -86,6 +94,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 span.set_attribute("cv.error_code", err.code)
             else:
                 span.set_attribute("cv.worker_id", decision.worker_id)
+                span.set_attribute("cv.served_model", decision.worker.model)
                 span.set_attribute("cv.queue_wait_s", decision.queue_wait_s)
                 span.set_attribute("cv.base_priority", decision.base_priority)
         if error is not None:
@@ -117,7 +126,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def Snapshot(
         self, request: scheduler_pb2.SnapshotRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.SchedulerSnapshot:
-        snapshot = convert.snapshot(self.core.snapshot(self.clock.now()))
+        snapshot = convert.snapshot(self.core.snapshot(self.clock.now()), self.groups)
         snapshot.expected_models.extend(sorted(self.core.expected_models()))  # a replica is coming
         return snapshot
 
@@ -247,6 +256,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def close(self) -> None:
         """Refuse new requests and fail the waiting ones, so shutdown does not wait on them."""
         self._closing = True
+        if self._wake is not None:
+            self._wake.cancel()
+            self._wake = self._wake_at = None
         for waiter in self._waiters.values():
             if not waiter.done():
                 waiter.set_exception(Unavailable("the scheduler is shutting down"))
@@ -261,7 +273,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 raise Unavailable("the scheduler is shutting down")
             self.core.submit(convert.queued_request(request, now), now)
         except ClairvoyantError as err:
-            known = request.model in {w.model for w in self.core.workers()}
+            known = request.model in {w.model for w in self.core.workers()} or request.model in self.groups
             label = request.model if known else metrics.UNKNOWN_MODEL
             metrics.REQUESTS.labels(label, _STATUS_BY_ERROR.get(type(err), "failed")).inc()
             raise
@@ -271,7 +283,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             self._sessions[request.request_id] = (request.tenant, request.app_metadata.workflow_id)
         self._dispatch()
         try:
-            return await waiter
+            decision = await waiter
         except asyncio.CancelledError:
             self._abandon(request.request_id, request.model, waiter)
             raise
@@ -280,6 +292,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             raise
         finally:
             self._sessions.pop(request.request_id, None)
+        if request.model in self.groups:
+            metrics.GROUP_PLACEMENTS.labels(request.model, decision.worker.model).inc()
+        return decision
 
     def _abandon(self, request_id: str, model: str, waiter: asyncio.Future[Decision]) -> None:
         """The caller went away (cancelled or deadline): give back whatever it held."""
@@ -319,6 +334,24 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 metrics.REQUESTS.labels(model, "placed").inc()
                 metrics.QUEUE_WAIT.labels(model).observe(decision.queue_wait_s)
         self._publish_gauges()
+        if not self._closing:
+            self._arm_wake()
+
+    def _arm_wake(self) -> None:
+        """Dispatch again when the core asks to (``wake_at``), unless a dispatch is already due by
+        then: one timer, moved earlier when the core's wish moves earlier."""
+        now = self.clock.now()
+        wake_at = self.core.wake_at(now)
+        if wake_at is None or (self._wake_at is not None and self._wake_at <= wake_at):
+            return
+        if self._wake is not None:
+            self._wake.cancel()
+        self._wake_at = wake_at
+        self._wake = asyncio.get_running_loop().call_later(max(0.0, wake_at - now), self._woken)
+
+    def _woken(self) -> None:
+        self._wake = self._wake_at = None
+        self._dispatch()
 
     def _kv_move(self, decision: Decision) -> KvMove | None:
         """The move ``decision`` asks for, when there is a mover, the source is still known and

@@ -15,6 +15,12 @@ QUEUE_WAIT = Histogram(
     ["model"],
     buckets=LATENCY_BUCKETS,
 )
+# The model a model group's call was placed on (CV_MODEL_GROUPS; a model-choosing preset chose it).
+GROUP_PLACEMENTS = Counter(
+    "cv_scheduler_group_placements_total",
+    "Calls of a model group placed, by the served model chosen for them",
+    ["group", "model"],
+)
 WORKERS = Gauge("cv_scheduler_workers", "Live workers known from heartbeats", ["model"])
 PLACEMENTS_FAILED = Counter(
     "cv_scheduler_placements_failed_total",

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ScheduleRequest(_message.Message):
-    __slots__ = ("request_id", "tenant", "model", "app_metadata", "annotations", "prompt_tokens", "max_tokens", "exclude_workers", "owner", "prompt_block_hashes")
+    __slots__ = ("request_id", "tenant", "model", "app_metadata", "annotations", "prompt_tokens", "max_tokens", "exclude_workers", "owner", "prompt_block_hashes", "input_text")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,7 @@ class ScheduleRequest(_message.Message):
     EXCLUDE_WORKERS_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     PROMPT_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    INPUT_TEXT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     model: str
@@ -29,10 +30,11 @@ class ScheduleRequest(_message.Message):
     exclude_workers: _containers.RepeatedScalarFieldContainer[str]
     owner: str
     prompt_block_hashes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model: _Optional[str] = ..., app_metadata: _Optional[_Union[_common_pb2.AppMetadata, _Mapping]] = ..., annotations: _Optional[_Union[_common_pb2.SysAnnotations, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., exclude_workers: _Optional[_Iterable[str]] = ..., owner: _Optional[str] = ..., prompt_block_hashes: _Optional[_Iterable[int]] = ...) -> None: ...
+    input_text: str
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model: _Optional[str] = ..., app_metadata: _Optional[_Union[_common_pb2.AppMetadata, _Mapping]] = ..., annotations: _Optional[_Union[_common_pb2.SysAnnotations, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., exclude_workers: _Optional[_Iterable[str]] = ..., owner: _Optional[str] = ..., prompt_block_hashes: _Optional[_Iterable[int]] = ..., input_text: _Optional[str] = ...) -> None: ...
 
 class Placement(_message.Message):
-    __slots__ = ("request_id", "worker_id", "worker_address", "base_priority", "queue_wait_s", "cache_hints", "preset", "lease_s", "program_wait_s", "program_service_s")
+    __slots__ = ("request_id", "worker_id", "worker_address", "base_priority", "queue_wait_s", "cache_hints", "preset", "lease_s", "program_wait_s", "program_service_s", "model")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +45,7 @@ class Placement(_message.Message):
     LEASE_S_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_SERVICE_S_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     worker_id: str
     worker_address: str
@@ -53,7 +56,8 @@ class Placement(_message.Message):
     lease_s: float
     program_wait_s: float
     program_service_s: float
-    def __init__(self, request_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., worker_address: _Optional[str] = ..., base_priority: _Optional[float] = ..., queue_wait_s: _Optional[float] = ..., cache_hints: _Optional[_Iterable[str]] = ..., preset: _Optional[str] = ..., lease_s: _Optional[float] = ..., program_wait_s: _Optional[float] = ..., program_service_s: _Optional[float] = ...) -> None: ...
+    model: str
+    def __init__(self, request_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., worker_address: _Optional[str] = ..., base_priority: _Optional[float] = ..., queue_wait_s: _Optional[float] = ..., cache_hints: _Optional[_Iterable[str]] = ..., preset: _Optional[str] = ..., lease_s: _Optional[float] = ..., program_wait_s: _Optional[float] = ..., program_service_s: _Optional[float] = ..., model: _Optional[str] = ...) -> None: ...
 
 class CompleteRequest(_message.Message):
     __slots__ = ("request_id", "worker_id", "status", "output_tokens")
@@ -131,17 +135,27 @@ class ModelQueue(_message.Message):
     capacity: int
     def __init__(self, model: _Optional[str] = ..., depth: _Optional[int] = ..., capacity: _Optional[int] = ...) -> None: ...
 
+class ModelGroupInfo(_message.Message):
+    __slots__ = ("name", "models")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    models: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class SchedulerSnapshot(_message.Message):
-    __slots__ = ("policy", "queues", "workers", "expected_models")
+    __slots__ = ("policy", "queues", "workers", "expected_models", "groups")
     POLICY_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_MODELS_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
     policy: str
     queues: _containers.RepeatedCompositeFieldContainer[ModelQueue]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerState]
     expected_models: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, policy: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[ModelQueue, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerState, _Mapping]]] = ..., expected_models: _Optional[_Iterable[str]] = ...) -> None: ...
+    groups: _containers.RepeatedCompositeFieldContainer[ModelGroupInfo]
+    def __init__(self, policy: _Optional[str] = ..., queues: _Optional[_Iterable[_Union[ModelQueue, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerState, _Mapping]]] = ..., expected_models: _Optional[_Iterable[str]] = ..., groups: _Optional[_Iterable[_Union[ModelGroupInfo, _Mapping]]] = ...) -> None: ...
 
 class DrainRequest(_message.Message):
     __slots__ = ("worker_id", "drain")

@@ -79,7 +79,9 @@ class SchedulerServicer:
     def Schedule(self, request, context):
         """Holds the request in its model's global queue until a worker has room, then returns the
         placement.  RESOURCE_EXHAUSTED when the queue is full, UNAVAILABLE when no worker serves the
-        model, NOT_FOUND never (an unknown model is UNAVAILABLE: a worker may still register).
+        model, NOT_FOUND never (an unknown model is UNAVAILABLE: a worker may still register).  A
+        request whose model is a model group (SchedulerSnapshot.groups) waits in the group's queue
+        until the preset chooses one of its models; Placement.model names it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -39,8 +39,8 @@ from clairvoyant.policy.scheduling import (
     Rebalancing,
     RoutingPolicy,
     SchedulerAware,
-    WorkerObserver,
     Waking,
+    WorkerObserver,
     eligible_workers,
 )
 from clairvoyant.policy.types import (
