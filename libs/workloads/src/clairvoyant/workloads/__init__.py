@@ -5,6 +5,17 @@ traces, and a generator of workflow programs (static DAGs of calls) for the driv
     program = get_workload("coding_assistant").instantiate(numpy.random.default_rng(0), "wf-0")
 """
 
+from clairvoyant.workloads.accuracy import (
+    AccuracyModel,
+    InputClass,
+    InputLabeller,
+    WorkflowInput,
+    agent_depths,
+    config_space,
+    label_input,
+    labelled_inputs,
+    model_costs,
+)
 from clairvoyant.workloads.base import AgentStats, ToolStats, Workload, WorkloadStats
 from clairvoyant.workloads.errors import ProgramError, SpecError, WorkloadDataError, WorkloadError
 from clairvoyant.workloads.generator import SpecWorkload
@@ -22,9 +33,12 @@ from clairvoyant.workloads.traces import TraceWorkload
 
 __all__ = [
     "WORKLOADS",
+    "AccuracyModel",
     "AgentStats",
     "Call",
     "CallSegment",
+    "InputClass",
+    "InputLabeller",
     "NewSegment",
     "ProgramError",
     "Segment",
@@ -33,13 +47,19 @@ __all__ = [
     "SystemSegment",
     "ToolStats",
     "TraceWorkload",
+    "WorkflowInput",
     "WorkflowProgram",
     "WorkflowSpec",
     "Workload",
     "WorkloadDataError",
     "WorkloadError",
     "WorkloadStats",
+    "agent_depths",
+    "config_space",
     "get_workload",
+    "label_input",
+    "labelled_inputs",
     "list_workloads",
     "load_spec",
+    "model_costs",
 ]

@@ -10,12 +10,15 @@ frontiers, so the next step joins them.
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from clairvoyant.workloads.accuracy import InputLabeller
 from clairvoyant.workloads.base import AgentStats, ToolStats, Workload, WorkloadStats
 from clairvoyant.workloads.distributions import normal_cdf
 from clairvoyant.workloads.program import CallTemplate, TemplateSegment, WorkflowProgram, materialize
@@ -43,6 +46,8 @@ class SpecWorkload(Workload):
         self.description = spec.description
         if models is not None:
             self._served = self.with_models(models)._served
+        self._labeller: InputLabeller | None = None
+        self._labeller_models: tuple[tuple[str, str], ...] | None = None  # what it was built for
 
     @classmethod
     def from_file(
@@ -53,7 +58,24 @@ class SpecWorkload(Workload):
     def instantiate(self, rng: np.random.Generator, workflow_id: str) -> WorkflowProgram:
         builder = _Builder(self.spec, rng)
         builder.run(self.spec.flow, ())
-        return materialize(self.spec.name, workflow_id, builder.templates, self._served)
+        program = materialize(self.spec.name, workflow_id, builder.templates, self._served)
+        labeller = self.input_labeller()
+        if labeller is None:
+            return program
+        # The label has a generator of its own, so that ``rng`` draws what it drew without labels.
+        own = np.random.default_rng(zlib.crc32(f"{self.spec.name}/{workflow_id}".encode()))
+        return replace(program, input=labeller.label(own))
+
+    def input_labeller(self) -> InputLabeller | None:
+        """What labels this workload's inputs (clairvoyant.workloads.accuracy); None when the spec
+        has no ``accuracy:`` block.  Built once per mapping of models."""
+        if self.spec.accuracy is None:
+            return None
+        models = tuple(sorted(self._served.items()))
+        if models != self._labeller_models:
+            self._labeller = InputLabeller.for_workload(self)
+            self._labeller_models = models
+        return self._labeller
 
     def stats(self) -> WorkloadStats:
         counts = expected_calls(self.spec.flow)

@@ -22,9 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple, cast
+from typing import TYPE_CHECKING, Literal, NamedTuple, cast
 
 from clairvoyant.workloads.errors import ProgramError
+
+if TYPE_CHECKING:
+    from clairvoyant.workloads.accuracy import WorkflowInput
 
 Part = Literal["prompt", "response"]
 
@@ -70,6 +73,7 @@ class WorkflowProgram:
     workflow_type: str  # the app_metadata workflow_type_id (the workload name)
     workflow_id: str
     calls: tuple[Call, ...]
+    input: WorkflowInput | None = None  # the input's text and accuracy labels (Aragog workloads)
     _by_id: dict[str, Call] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -173,6 +173,40 @@ for _cls in (LoopStep, FanoutStep, ParallelStep, Branch, ChooseStep):
     _cls.model_rebuild()
 
 
+class InputClassSpec(_Model):
+    """A class of inputs (a topic, a difficulty level) and its difficulty: Beta-distributed with
+    this mean and concentration (a + b)."""
+
+    name: _Name
+    share: float = Field(gt=0)  # relative frequency among the classes
+    difficulty: float = Field(gt=0, lt=1)  # mean difficulty
+    concentration: float = Field(default=6.0, gt=0)
+
+
+class AccuracySpec(_Model):
+    """Per-input accuracy labels of a workflow whose agents have model alternatives (Aragog);
+    clairvoyant.workloads.accuracy says how they are drawn."""
+
+    reference_accuracy: float = Field(gt=0, lt=1)  # every agent on its most expensive model
+    base_accuracy: float = Field(gt=0, lt=1)  # every agent on its cheapest model
+    weights: dict[str, float] = {}  # agent -> weight (> 0); unnamed: heavier downstream (accuracy.py)
+    classes: list[InputClassSpec] = Field(min_length=1)
+    hidden_difficulty: float = Field(default=0.1, ge=0)  # sd of the difficulty the text does not show
+    answer_noise: float = Field(default=0.02, ge=0)  # sd of each configuration's per-input luck
+    perturbation: float = Field(default=0.005, ge=0)  # sd of each configuration's accuracy offset
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AccuracySpec:
+        if self.base_accuracy > self.reference_accuracy:
+            raise ValueError("base_accuracy must be <= reference_accuracy")
+        if any(w <= 0 for w in self.weights.values()):
+            raise ValueError("weights must be > 0")
+        names = [c.name for c in self.classes]
+        if len(set(names)) != len(names):
+            raise ValueError("class names must be unique")
+        return self
+
+
 class WorkflowSpec(_Model):
     version: Literal[1] = 1
     name: _Name
@@ -180,6 +214,7 @@ class WorkflowSpec(_Model):
     models: dict[str, str] = Field(min_length=1)  # alias -> served model name
     agents: dict[_Name, AgentSpec] = Field(min_length=1)
     flow: list[Step] = Field(min_length=1)
+    accuracy: AccuracySpec | None = None  # per-input accuracy labels (Aragog workloads)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -294,6 +329,12 @@ def _check_references(spec: WorkflowSpec) -> Iterator[tuple[str, str]]:
             for other in ref.agents:
                 if other not in spec.agents:
                     yield f"agents.{name}.prompt.inputs[{i}].agent", _unknown("agent", other, spec.agents)
+    if spec.accuracy is not None:
+        if not any(a.alternatives for a in spec.agents.values()):
+            yield "accuracy", "accuracy labels need an agent with alternatives"
+        for weighted in spec.accuracy.weights:
+            if weighted not in spec.agents:
+                yield f"accuracy.weights.{weighted}", _unknown("agent", weighted, spec.agents)
     used: set[str] = set()
     for path, step in _walk(spec.flow, "flow"):
         if isinstance(step, AgentStep):
