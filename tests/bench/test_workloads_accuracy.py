@@ -130,10 +130,12 @@ def test_reference_and_all_7b_accuracy(name: str, reference: float, base: float)
     assert accuracy[space.base] == pytest.approx(base, abs=0.025)
     assert 0.10 <= accuracy[space.reference] - accuracy[space.base] <= 0.25
     assert accuracy.max() == pytest.approx(accuracy[space.reference], abs=0.02)  # c* is (about) the best
-    # Figure 3: most configurations match c* on most inputs.  The fraction is at least the share of
-    # inputs the all-7B configuration solves plus those c* fails (each makes every one accurate).
+    # Figure 3: numerous configurations match c*'s accuracy on each input (about half of them here).
     accurate = mask_bits([x.accurate for x in inputs], space.size).mean()
-    assert 1 - (reference - base) - 0.03 <= accurate <= 0.95
+    assert 0.3 <= accurate <= 0.7
+    # One run per configuration and input: its outcomes average to the expected accuracy.
+    runs = mask_bits([x.correct for x in inputs], space.size).mean(axis=0)
+    assert np.abs(runs - accuracy).max() < 0.05
 
 
 def test_upgrades_are_near_monotone() -> None:
@@ -150,14 +152,17 @@ def test_upgrades_are_near_monotone() -> None:
 
 
 def test_each_input_is_nearly_monotone_along_upgrades() -> None:
-    """Chain pruning (§3.1) binary-searches upgrades per input: they rarely turn right into wrong."""
+    """Chain pruning (§3.1) binary-searches upgrades per input: an upgrade rarely lowers an input's
+    chance of a right answer by more than the tolerance, so it rarely turns accurate into not."""
     space = config_space(workload("voting"))
     assert space is not None
-    right = mask_bits([x.correct for x in dataset("voting")[:1000]], space.size)
+    inputs = dataset("voting")[:1000]
+    chance = np.array([x.success for x in inputs])
     lower = np.array([c for c in range(space.size) for _ in space.upgrades(c)])
     upper = np.array([u for c in range(space.size) for u in space.upgrades(c)])
-    broken = (right[:, lower] & ~right[:, upper]).mean()
-    assert broken < 0.02
+    assert (chance[:, lower] - chance[:, upper] > inputs[0].tolerance).mean() < 0.02
+    accurate = mask_bits([x.accurate for x in inputs], space.size)
+    assert (accurate[:, lower] & ~accurate[:, upper]).mean() < 0.02
 
 
 # ---- accurate vs correct -------------------------------------------------------------------------------
@@ -168,9 +173,12 @@ def test_accurate_is_correct_when_the_reference_is_right_else_everything() -> No
     wrong = WorkflowInput("q2 b", "b", 0.9, correct=0b0000_0101, configurations=8)
     assert right.reference_correct and right.accurate == 0b1000_0101
     assert not wrong.reference_correct and wrong.accurate == 0b1111_1111
+    # With each configuration's chance of a right answer: within the tolerance of c*'s.
+    chances = WorkflowInput("q3 c", "c", 0.5, correct=0, configurations=4, success=(0.2, 0.85, 0.88, 0.9), tolerance=0.05)
+    assert chances.accurate == 0b1110 and chances.expected_accuracy(1) == 0.85
     for x in dataset("self_refine")[:500]:
-        assert x.accurate & x.correct == x.correct
-        assert (x.accurate == x.correct) == x.reference_correct or x.correct == (1 << 27) - 1
+        assert x.accurate >> (x.configurations - 1) & 1  # c* always
+        assert x.accurate == sum(1 << c for c in range(27) if x.success[c] >= x.success[-1] - x.tolerance)
 
 
 def test_text_shows_class_and_difficulty() -> None:

@@ -85,7 +85,7 @@ class AragogSetup:
     router_call_s: float = DEFAULT_ROUTER_CALL_MS / 1e3
     match_points: float = 1.0  # per-workflow: accuracy within this many points of the reference's
     saturation: str = "knee"  # SATURATIONS
-    target_precision: float = 0.99  # each configuration router's precision on held-out inputs
+    target_precision: float = 0.95  # each configuration router's precision on held-out inputs (the seed: 94-96 %)
     gpu: str = "H100-80G"
 
 
@@ -134,7 +134,7 @@ def cheapest_matching(
 ) -> int:
     """The per-workflow configuration (§5.1): the cheapest whose accuracy on ``inputs`` is within
     ``points`` of the reference configuration's (ties: the lower index)."""
-    accuracy = [sum(x.correct >> c & 1 for x in inputs) / len(inputs) for c in range(space.size)]
+    accuracy = [sum(x.expected_accuracy(c) for x in inputs) / len(inputs) for c in range(space.size)]
     bar = accuracy[space.reference] - points / 100
     return min((c for c in range(space.size) if accuracy[c] >= bar), key=lambda c: (space.cost(c, costs), c))
 
@@ -221,15 +221,15 @@ def arm_metrics(prepared: Prepared, records: RunRecords, routing: RoutingPolicy)
         if call.end_time is not None and not call.rejected:
             models[call.workflow_id][call.agent_id] = call.model
     space, inputs = prepared.space, {p.workflow_id: p.input for p in prepared.programs}
-    correct = reference = 0
+    correct = reference = 0.0
     used: dict[str, int] = defaultdict(int)
     for workflow_id, agents in models.items():
         label = inputs[workflow_id]
         assert label is not None
         chosen = dict(space.models(space.reference))
         chosen.update(agents)
-        correct += label.correct >> space.config_of(chosen) & 1
-        reference += label.correct >> space.reference & 1
+        correct += label.expected_accuracy(space.config_of(chosen))
+        reference += label.expected_accuracy(space.reference)
         for model in agents.values():
             used[model] += 1
     result: dict[str, Any] = {
@@ -306,7 +306,7 @@ class AragogBench:
         parser.add_argument("--rates", default="", help="workflows/s, comma-separated (default: per workload)")
         parser.add_argument("--workflows", type=int, default=1500, help="workflows per run")
         parser.add_argument("--train-inputs", type=int, default=2000, help="labelled inputs the routers learn from")
-        parser.add_argument("--target-precision", type=float, default=0.99,
+        parser.add_argument("--target-precision", type=float, default=0.95,
                             help="each configuration router's precision on held-out inputs")  # fmt: skip
         parser.add_argument("--saturation", choices=SATURATIONS, default="knee",
                             help="how a replica's slots are profiled (see engine_profiles)")  # fmt: skip

@@ -393,9 +393,10 @@ class Simulator:
         meta = AppMetadata(
             program.workflow_type, program.workflow_id, call.agent_id, parent_request_ids=call.dependencies
         )
-        grouped = self.model_group is not None and bool(call.alternative_models)
+        group = self.model_group if call.alternative_models else None
+        grouped = group is not None
         request = QueuedRequest(
-            request_id=call.call_id, tenant=TENANT, model=self.model_group if grouped else call.model,
+            request_id=call.call_id, tenant=TENANT, model=group if group is not None else call.model,
             arrival_time=now, prompt_tokens=call.prompt_tokens, max_tokens=call.output_tokens, app_metadata=meta,
             annotations=None if self.annotator is None else self.annotator.annotate(program, call, now),
             input_text=program.input.text if grouped and program.input is not None else "",

@@ -24,10 +24,12 @@ The labels (``InputLabeller``):
 
 from __future__ import annotations
 
+import math
 import re
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -64,6 +66,7 @@ class AccuracyModel(NamedTuple):
     hidden_difficulty: float  # sd of the difficulty the text does not show
     answer_noise: float  # sd of a configuration's per-input luck, in percentiles of difficulty
     perturbation: float  # sd of the per-configuration accuracy offsets
+    tolerance: float = 0.02  # accurate: a chance of a right answer within this of c*'s
 
 
 @dataclass(frozen=True)
@@ -73,18 +76,33 @@ class WorkflowInput:
     text: str  # the input as an application would send it (unique: it starts with an id token)
     input_class: str
     difficulty: float  # in [0, 1]
-    correct: int  # mask of the configurations whose answer is right
+    correct: int  # mask of the configurations whose answer is right (one run of each)
     configurations: int  # the size of the configuration space (the reference is the last)
+    # Per configuration, the chance that a run answers right (the expected accuracy on this input);
+    # empty: only ``correct`` is known.
+    success: tuple[float, ...] = ()
+    tolerance: float = 0.0  # accurate: a chance of a right answer within this of c*'s
 
     @property
     def reference_correct(self) -> bool:
         return bool(self.correct >> (self.configurations - 1) & 1)
 
-    @property
+    @cached_property
     def accurate(self) -> int:
-        """The configurations as accurate as c* on this input (§3.1: "equivalent accuracy to c*"):
-        the correct ones when c* is right; every one when c* is wrong, since none can do worse."""
+        """The configurations as accurate as c* on this input (§3.1: "equivalent accuracy to c*").
+        With ``success``: those whose chance of a right answer is at least c*'s less ``tolerance``
+        (the accuracy of a configuration on one input is the share of its runs that answer right,
+        as an offline profile of several runs per configuration measures it).  Without: the
+        correct ones when c* is right; every one when c* is wrong, since none can do worse."""
+        if self.success:
+            bar = self.success[-1] - self.tolerance
+            return sum(1 << c for c, chance in enumerate(self.success) if chance >= bar)
         return self.correct if self.reference_correct else (1 << self.configurations) - 1
+
+    def expected_accuracy(self, config: int) -> float:
+        """The chance that ``config`` answers this input right (its one run's outcome without
+        ``success``)."""
+        return self.success[config] if self.success else float(self.correct >> config & 1)
 
 
 class UpgradeDrop(NamedTuple):
@@ -177,6 +195,7 @@ def accuracy_model(workload: SpecWorkload) -> AccuracyModel | None:
         hidden_difficulty=block.hidden_difficulty,
         answer_noise=block.answer_noise,
         perturbation=block.perturbation,
+        tolerance=block.tolerance,
     )
 
 
@@ -239,12 +258,17 @@ class InputLabeller:
         luck = rng.standard_normal(self.space.size)
         right = percentile + model.answer_noise * luck <= self.target_accuracy
         correct = int.from_bytes(np.packbits(right, bitorder="little").tobytes(), "little")
+        # P(percentile + answer_noise * z <= target): the chance of the run above, per configuration.
+        margin = (self.target_accuracy - percentile) / max(model.answer_noise, 1e-12)
+        success = tuple(round(0.5 * math.erfc(-m / math.sqrt(2)), 6) for m in margin.tolist())
         return WorkflowInput(
             text=self._text(rng, model.classes[k].name, shown),
             input_class=model.classes[k].name,
             difficulty=difficulty,
             correct=correct,
             configurations=self.space.size,
+            success=success,
+            tolerance=model.tolerance,
         )
 
     @staticmethod
@@ -282,7 +306,10 @@ def mask_bits(masks: Sequence[int], size: int) -> np.ndarray:
 
 
 def dataset_accuracy(inputs: Sequence[WorkflowInput]) -> np.ndarray:
-    """Per configuration: the fraction of ``inputs`` it answers right."""
+    """Per configuration: its expected accuracy over ``inputs`` (the mean chance of a right answer;
+    the fraction it answered right in its one run when the inputs carry no chances)."""
+    if all(i.success for i in inputs):
+        return np.array([i.success for i in inputs]).mean(axis=0)
     return mask_bits([i.correct for i in inputs], inputs[0].configurations).mean(axis=0)
 
 

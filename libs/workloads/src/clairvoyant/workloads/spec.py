@@ -194,6 +194,8 @@ class AccuracySpec(_Model):
     hidden_difficulty: float = Field(default=0.1, ge=0)  # sd of the difficulty the text does not show
     answer_noise: float = Field(default=0.02, ge=0)  # sd of each configuration's per-input luck
     perturbation: float = Field(default=0.005, ge=0)  # sd of each configuration's accuracy offset
+    # A configuration is accurate on an input when its chance of a right answer is within this of c*'s.
+    tolerance: float = Field(default=0.02, ge=0, lt=1)
 
     @model_validator(mode="after")
     def _consistent(self) -> AccuracySpec:
