@@ -51,7 +51,7 @@ def test_defaults_and_conversion() -> None:
         max_tokens=10,
         max_completion_tokens=20,
         user="ignored",
-        logprobs=True,
+        logprobs=False,
     )
     req = to_request(
         body, tenant="t", endpoint="chat.completions", request_id="r", arrival_time=1.0, max_tokens_limit=100

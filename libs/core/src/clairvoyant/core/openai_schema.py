@@ -1,9 +1,11 @@
 """The OpenAI API's request bodies and response shapes, one schema for every HTTP edge that speaks
 it (the gateway, and the worker's own endpoint).  Pydantic only: no transport, no service types.
 
-Contract of ``validate_body``: unknown fields are ignored, as OpenAI does; a known field of the
-wrong type or out of range is InvalidRequest naming the parameter ("messages[0].content"), and so
-is any string past ``InputLimits`` or holding a lone surrogate.  ``app_metadata`` may sit at the
+Contract of ``validate_body``: a top-level field is held to ``openai_parameters``' table first
+(a refused parameter is InvalidRequest ``unsupported_parameter``; an unknown one is
+``unknown_parameter`` unless ``InputLimits.lenient_parameters``); a known field of the wrong type
+or out of range is InvalidRequest naming the parameter ("messages[0].content"), and so is any
+string past ``InputLimits`` or holding a lone surrogate.  ``app_metadata`` may sit at the
 top level (the OpenAI SDK merges ``extra_body`` there) or, for clients that nest it literally,
 under ``extra_body``.
 """
@@ -11,21 +13,23 @@ under ``extra_body``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, NamedTuple, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator
 
 from clairvoyant.core.app_metadata import ID_PATTERN, OPTIONAL_IDS, REQUIRED
 from clairvoyant.core.errors import InvalidRequest
 from clairvoyant.core.json_input import check_strings, format_param
+from clairvoyant.core.openai_parameters import Api, check_parameters
 
 
 class InputLimits(NamedTuple):
-    """Caps on a decoded body (the gateway's ``max_string_chars`` and friends)."""
+    """What a decoded body may hold (the gateway's ``max_string_chars`` and friends)."""
 
     max_string_chars: int = 524_288
     max_messages: int = 2048
     max_stop_sequences: int = 4
+    lenient_parameters: bool = False  # unknown top-level fields are dropped instead of refused
 
 
 DEFAULT_LIMITS = InputLimits()
@@ -85,7 +89,8 @@ class ChatTurn:
 
 
 class _Strict(BaseModel):
-    # strict: "0.5" is not a number and 1 is not true; extra="ignore": OpenAI fields we do not use pass.
+    # strict: "0.5" is not a number and 1 is not true; extra="ignore": what check_parameters let
+    # through without a field here (ignored parameters, refused ones that ask for nothing) is dropped.
     model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 
@@ -120,6 +125,7 @@ class ChatMessageIn(_Strict):
 class GenerationBody(_Strict):
     """Fields shared by /v1/chat/completions and /v1/completions."""
 
+    api: ClassVar[Api]  # whose parameter table applies
     model: str = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
@@ -177,6 +183,7 @@ class GenerationBody(_Strict):
 
 
 class ChatCompletionBody(GenerationBody):
+    api: ClassVar[Api] = "chat"
     messages: list[ChatMessageIn] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
 
@@ -199,6 +206,7 @@ class ChatCompletionBody(GenerationBody):
 
 
 class CompletionBody(GenerationBody):
+    api: ClassVar[Api] = "completions"
     prompt: Annotated[Any, PROMPT_SCHEMA] = Field()  # required; a string or a list of exactly one
 
     @field_validator("prompt")
@@ -230,6 +238,7 @@ def validate_body(raw: object, model: type[Body], limits: InputLimits = DEFAULT_
             raise InvalidRequest("extra_body must be an object", param="extra_body", code="invalid_type")
         # Fields nested literally under extra_body count as top-level ones; the top level wins.
         raw = {**raw, **{k: v for k, v in nested.items() if raw.get(k) is None}}
+    check_parameters(raw, model.api, lenient=limits.lenient_parameters)
     for param, most in (("messages", limits.max_messages), ("stop", limits.max_stop_sequences)):
         items = raw.get(param)
         if param in model.model_fields and isinstance(items, list) and len(items) > most:

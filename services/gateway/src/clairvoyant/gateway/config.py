@@ -50,6 +50,11 @@ class GatewaySettings(ServiceSettings):
         ge=1,  # a single stop string counts as one
         description="most stop sequences a request may set (4)",
     )
+    gateway_lenient_parameters: bool = Field(
+        default=False,
+        description="unknown top-level request fields are ignored instead of refused with 400 "
+        "unknown_parameter (unsupported OpenAI parameters are refused either way)",
+    )
     max_tokens_limit: int = Field(
         default=32768, gt=0, description="the largest max_tokens a request may ask for"
     )
@@ -103,6 +108,7 @@ class GatewaySettings(ServiceSettings):
             max_string_chars=self.max_string_chars,
             max_messages=self.max_messages,
             max_stop_sequences=self.max_stop_sequences,
+            lenient_parameters=self.gateway_lenient_parameters,
         )
 
     def sqlite_path(self) -> Path | None:

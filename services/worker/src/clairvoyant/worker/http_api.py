@@ -31,6 +31,7 @@ from clairvoyant.core.openai_schema import (
     ChatDelta,
     CompletionBody,
     GenerationBody,
+    InputLimits,
     ModelCard,
     ModelList,
     TextChoice,
@@ -44,6 +45,9 @@ from clairvoyant.worker.frontend import PromptInput, WorkerFrontend
 from clairvoyant.worker.heartbeat import Heartbeat
 
 MAX_JSON_DEPTH = 64  # the gateway's default CV_MAX_JSON_DEPTH
+# Routers in front of a worker (sglang-router) re-encode requests with fields of their own
+# (no_stop_trim, skip_special_tokens, ...): unknown fields are dropped, unsupported ones refused.
+LIMITS = InputLimits(lenient_parameters=True)
 
 
 def sampling_params(body: GenerationBody, default_max_tokens: int) -> SamplingParams:
@@ -120,14 +124,14 @@ def create_app(frontend: WorkerFrontend, heartbeat: Heartbeat) -> FastAPI:
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(request: Request) -> Response:
-        body = validate_body(decode_json(await request.body(), MAX_JSON_DEPTH), ChatCompletionBody)
+        body = validate_body(decode_json(await request.body(), MAX_JSON_DEPTH), ChatCompletionBody, LIMITS)
         turns = body.turns()
         prompt = PromptInput(messages=[{"role": turn.role, "content": turn.content} for turn in turns])
         return await _generate(body, prompt, chat=True)
 
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> Response:
-        body = validate_body(decode_json(await request.body(), MAX_JSON_DEPTH), CompletionBody)
+        body = validate_body(decode_json(await request.body(), MAX_JSON_DEPTH), CompletionBody, LIMITS)
         return await _generate(body, PromptInput(text=body.prompt), chat=False)
 
     async def _generate(body: GenerationBody, prompt: PromptInput, *, chat: bool) -> Response:
