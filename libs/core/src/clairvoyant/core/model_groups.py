@@ -10,6 +10,10 @@ The declaration, a YAML or JSON file (``CV_MODEL_GROUPS``)::
           qwen2.5-7b: 7                  #   (parameters, in billions: FLOPs per token)
           qwen2.5-14b: 14
           qwen2.5-32b: 32                # the last one is the accuracy reference
+        profiles:                        # optional, per served model: its replica's slots (the
+          qwen2.5-7b:                    #   batch past which throughput stops improving) and
+            saturation: 62               #   decode tokens/s with 1, 2, ... calls running
+            throughput: [166, 322, 475]  #   (omitted: every slot gains the same)
         workflows:                       # configuration spaces, per workflow_type_id
           self_refine:
             agents: [generate, critique, refine]     # each agent may run on every model
@@ -19,6 +23,7 @@ The declaration, a YAML or JSON file (``CV_MODEL_GROUPS``)::
               keywords: [qwen2.5-7b, qwen2.5-32b]    # or on some of them, cheapest first
               sql: all
             router: {classifier: profiles/text_to_sql.pkl}
+            fixed: {keywords: qwen2.5-7b, sql: qwen2.5-32b}   # the per-workflow baseline's configuration
 
 ``models`` may also be a plain list (costs 1, 2, 3, ... in order).  A call of a workflow type or
 an agent the group does not declare runs on the reference model; so does every call of a
@@ -53,6 +58,16 @@ class RouterSpec:
 class GroupWorkflow:
     space: ConfigSpace
     router: RouterSpec | None = None
+    fixed: int | None = None  # the one configuration of the per-workflow baseline (None: c*)
+
+
+@dataclass(frozen=True)
+class ReplicaProfile:
+    """A served model's replica as profiled offline: ``saturation`` calls (its slots), and decode
+    tokens/s with 1..n calls running (empty: not measured, every slot gains the same)."""
+
+    saturation: int
+    throughput: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -60,6 +75,7 @@ class ModelGroup:
     name: str
     model_cost: Mapping[str, float]  # served model -> cost, cheapest first (insertion order)
     workflows: Mapping[str, GroupWorkflow] = field(default_factory=dict)
+    profiles: Mapping[str, ReplicaProfile] = field(default_factory=dict)  # served model -> profile
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -105,13 +121,14 @@ def parse_model_groups(raw: Any, base: Path | None = None, source: str = "model 
     groups: dict[str, ModelGroup] = {}
     for name, body in groups_raw.items():
         where = f"{source}: group {name!r}"
-        if not isinstance(body, dict) or set(body) - {"models", "workflows"}:
-            raise ModelGroupError(f"{where}: expected keys 'models' and 'workflows'")
+        if not isinstance(body, dict) or set(body) - {"models", "workflows", "profiles"}:
+            raise ModelGroupError(f"{where}: expected keys 'models', 'workflows' and 'profiles'")
         costs = _model_costs(body.get("models"), where)
         workflows: dict[str, GroupWorkflow] = {}
         for wtype, wbody in (body.get("workflows") or {}).items():
             workflows[str(wtype)] = _workflow(str(wtype), wbody, tuple(costs), base, f"{where}, workflow {wtype!r}")
-        groups[str(name)] = ModelGroup(str(name), costs, workflows)
+        profiles = _profiles(body.get("profiles"), tuple(costs), where)
+        groups[str(name)] = ModelGroup(str(name), costs, workflows, profiles)
     return ModelGroups(groups)
 
 
@@ -159,8 +176,8 @@ def _model_costs(raw: Any, where: str) -> dict[str, float]:
 
 
 def _workflow(wtype: str, body: Any, models: tuple[str, ...], base: Path | None, where: str) -> GroupWorkflow:
-    if not isinstance(body, dict) or set(body) - {"agents", "router"}:
-        raise ModelGroupError(f"{where}: expected keys 'agents' and 'router'")
+    if not isinstance(body, dict) or set(body) - {"agents", "router", "fixed"}:
+        raise ModelGroupError(f"{where}: expected keys 'agents', 'router' and 'fixed'")
     agents_raw = body.get("agents")
     if isinstance(agents_raw, list):
         agents_raw = {a: "all" for a in agents_raw}
@@ -184,7 +201,37 @@ def _workflow(wtype: str, body: Any, models: tuple[str, ...], base: Path | None,
         space = ConfigSpace(wtype, tuple(agents), tuple(options))
     except ValueError as exc:
         raise ModelGroupError(f"{where}: {exc}") from exc
-    return GroupWorkflow(space, router)
+    fixed = body.get("fixed")
+    if fixed is not None:
+        if not isinstance(fixed, dict) or set(fixed) != set(space.agents):
+            raise ModelGroupError(f"{where}: 'fixed' must map every agent ({', '.join(space.agents)}) to a model")
+        try:
+            fixed = space.config_of({str(a): str(m) for a, m in fixed.items()})
+        except ValueError as exc:
+            raise ModelGroupError(f"{where}: 'fixed': {exc}") from exc
+    return GroupWorkflow(space, router, fixed)
+
+
+def _profiles(raw: Any, models: tuple[str, ...], where: str) -> dict[str, ReplicaProfile]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ModelGroupError(f"{where}: 'profiles' must map served models to their profiles")
+    profiles: dict[str, ReplicaProfile] = {}
+    for model, body in raw.items():
+        at = f"{where}, profile of {model!r}"
+        if model not in models:
+            raise ModelGroupError(f"{at}: not a model of the group")
+        if not isinstance(body, dict) or set(body) - {"saturation", "throughput"} or "saturation" not in body:
+            raise ModelGroupError(f"{at}: expected 'saturation' and, optionally, 'throughput'")
+        saturation, curve = body["saturation"], body.get("throughput") or []
+        if isinstance(saturation, bool) or not isinstance(saturation, int) or saturation < 1:
+            raise ModelGroupError(f"{at}: 'saturation' must be a whole number of calls, at least 1")
+        numbers = isinstance(curve, list) and all(isinstance(x, int | float) and not isinstance(x, bool) for x in curve)
+        if not numbers or (curve and len(curve) != saturation) or any(x <= 0 for x in curve):
+            raise ModelGroupError(f"{at}: 'throughput' must list {saturation} positive tokens/s, at 1..{saturation} calls")
+        profiles[str(model)] = ReplicaProfile(saturation, tuple(float(x) for x in curve))
+    return profiles
 
 
 def _router(raw: Any, base: Path | None, where: str) -> RouterSpec | None:

@@ -2,9 +2,9 @@
 router, and the scheduler policies of the preset, built with them.
 
 A preset whose routing policy chooses models (``ASSIGNS_MODELS``, Aragog, seeds/002 §3) is created
-with the declared groups (``groups=``) and, when its policy takes them (``routers=``; the
-per-workflow baseline fixes one configuration per workflow type instead), one router per (group,
-workflow type) that names one: a ``table`` router from its JSON profile, a ``classifier`` router
+with the declared groups (``groups=``), their replica profiles (``profiles=``) and, when its policy
+takes them, the per-workflow baseline's fixed configurations (``fixed=``) or one router per (group,
+workflow type) that names one (``routers=``): a ``table`` router from its JSON profile, a ``classifier`` router
 from its saved bytes (§3.1's binary routers).
 Any other preset runs as before, and refuses a declaration: its groups' calls would never be
 placed.  Every problem is a ``ModelGroupError`` naming the file or the preset, raised before the
@@ -19,9 +19,15 @@ import logging
 from pathlib import Path
 from typing import NamedTuple
 
-from clairvoyant.core.model_groups import ModelGroupError, ModelGroups, RouterSpec, load_model_groups
+from clairvoyant.core.model_groups import (
+    ModelGroupError,
+    ModelGroups,
+    ReplicaProfile,
+    RouterSpec,
+    load_model_groups,
+)
 from clairvoyant.policy import PRESETS, PRIORITY_POLICIES, ROUTING_POLICIES
-from clairvoyant.policy.aragog.types import ConfigRouter
+from clairvoyant.policy.aragog.types import ConfigRouter, EngineProfile
 from clairvoyant.policy.capabilities import Capability, capabilities_of
 from clairvoyant.policy.scheduling import PriorityPolicy, RoutingPolicy
 
@@ -55,13 +61,40 @@ def build_scheduler_policies(preset: str, groups_path: Path | None = None) -> Sc
             )
         return SchedulerPolicies(priority, routing, groups)
     routers = load_routers(groups)
-    if "routers" in inspect.signature(ROUTING_POLICIES.factory(names.routing)).parameters:
-        routing = ROUTING_POLICIES.create(names.routing, groups=groups, routers=routers)
-    else:
-        if routers:
-            logger.warning("the %s preset reads no configuration routers; the declared ones are unused", preset)
-        routing = ROUTING_POLICIES.create(names.routing, groups=groups)
+    takes = inspect.signature(ROUTING_POLICIES.factory(names.routing)).parameters
+    options: dict[str, object] = {"groups": groups, "profiles": engine_profiles(groups)}
+    if "routers" in takes:
+        options["routers"] = routers
+    elif routers:
+        logger.warning("the %s preset reads no configuration routers; the declared ones are unused", preset)
+    if "fixed" in takes:
+        options["fixed"] = fixed_configurations(groups)
+    routing = ROUTING_POLICIES.create(names.routing, **options)
     return SchedulerPolicies(priority, routing, groups)
+
+
+def engine_profiles(groups: ModelGroups) -> dict[str, EngineProfile]:
+    """The declared replica profiles as the policy reads them; a model profiled without a curve
+    gains 1 per slot.  Raises ModelGroupError when two groups profile one model differently."""
+    profiles: dict[str, EngineProfile] = {}
+    declared: dict[str, ReplicaProfile] = {}
+    for group in groups.groups.values():
+        for model, profile in group.profiles.items():
+            if declared.setdefault(model, profile) != profile:
+                raise ModelGroupError(f"model {model!r} is profiled differently in two groups")
+            curve = profile.throughput or tuple(float(b) for b in range(1, profile.saturation + 1))
+            profiles[model] = EngineProfile(model, profile.saturation, (0.0, *curve))
+    return profiles
+
+
+def fixed_configurations(groups: ModelGroups) -> dict[RouterKey, int]:
+    """(group, workflow type) -> the per-workflow baseline's configuration, where declared."""
+    return {
+        (group.name, workflow_type): workflow.fixed
+        for group in groups.groups.values()
+        for workflow_type, workflow in group.workflows.items()
+        if workflow.fixed is not None
+    }
 
 
 def model_choosing_presets() -> list[str]:
