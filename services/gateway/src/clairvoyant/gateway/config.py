@@ -7,8 +7,10 @@ from pathlib import Path
 from pydantic import Field, model_validator
 from sqlalchemy.engine import make_url
 
+from clairvoyant.core.app_metadata import ID_PATTERN, ID_RULE
 from clairvoyant.core.config import ServiceSettings
 from clairvoyant.core.openai_schema import DEFAULT_LIMITS, InputLimits
+from clairvoyant.gateway.sessions import SessionTagging
 
 
 class GatewaySettings(ServiceSettings):
@@ -89,6 +91,16 @@ class GatewaySettings(ServiceSettings):
         description="tokens (prompt estimate + max_tokens) per minute per API key, unless the key sets "
         "its own; 0: unlimited",
     )
+    gateway_session_headers: str = Field(
+        default=",".join(SessionTagging().headers),
+        description="comma-separated headers whose value, the first one present, becomes the workflow_id "
+        "of a request without app_metadata; empty: untagged requests stay untagged",
+    )
+    gateway_session_workflow_type: str = Field(
+        default=SessionTagging().workflow_type_id,
+        description="workflow_type_id of a request tagged from a session header, unless it sends "
+        "x-workflow-type-id",
+    )
 
     @classmethod
     def from_env(cls) -> GatewaySettings:
@@ -101,7 +113,15 @@ class GatewaySettings(ServiceSettings):
         if self.default_max_tokens > self.max_tokens_limit:
             raise ValueError("default_max_tokens must not exceed max_tokens_limit")
         make_url(self.database_url)  # fail at start on a malformed URL, not at the first request
+        if not ID_PATTERN.match(self.gateway_session_workflow_type):
+            raise ValueError(f"gateway_session_workflow_type must be {ID_RULE}")
         return self
+
+    def session_tagging(self) -> SessionTagging:
+        headers = (name.strip().lower() for name in self.gateway_session_headers.split(","))
+        return SessionTagging(
+            headers=tuple(name for name in headers if name), workflow_type_id=self.gateway_session_workflow_type
+        )
 
     def input_limits(self) -> InputLimits:
         return InputLimits(

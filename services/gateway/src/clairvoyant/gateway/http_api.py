@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import logging
 import math
@@ -41,6 +42,7 @@ from clairvoyant.gateway.openapi_doc import add_body_schemas, error_responses, g
 from clairvoyant.gateway.ratelimit import RateLimited
 from clairvoyant.gateway.request import Endpoint
 from clairvoyant.gateway.responses import chat_completion, text_completion
+from clairvoyant.gateway.sessions import derive_app_metadata
 from clairvoyant.gateway.sse import chat_events, text_events
 
 logger = logging.getLogger(__name__)
@@ -133,6 +135,7 @@ def create_app(settings: GatewaySettings, frontend: GatewayFrontend) -> FastAPI:
     )
     app.add_middleware(RequestCounter)
     limits = settings.input_limits()
+    session_tagging = settings.session_tagging()
 
     @app.exception_handler(ClairvoyantError)
     async def on_error(request: Request, err: ClairvoyantError) -> Response:
@@ -174,6 +177,9 @@ def create_app(settings: GatewaySettings, frontend: GatewayFrontend) -> FastAPI:
             arrival_time=arrival,
             max_tokens_limit=settings.max_tokens_limit,
         )
+        if req.app_metadata is None:  # Claude Code and agent frameworks tag sessions in headers only
+            derived = derive_app_metadata(request.headers, req.chat, session_tagging)
+            req = dataclasses.replace(req, app_metadata=derived)
         parent = extract_context(request.headers.items())  # a client's W3C traceparent, if it sent one
         # Busy (a full queue, a rate limit) is refused here, before the pipeline spends anything.
         headers = {"X-Request-Id": req.request_id, **frontend.admit(request.headers.get("authorization"), req)}
