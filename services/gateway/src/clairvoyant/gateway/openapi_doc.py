@@ -42,8 +42,12 @@ def json_body(model: type[BaseModel]) -> dict[str, Any]:
 
 def add_body_schemas(document: dict[str, Any], models: tuple[type[BaseModel], ...]) -> None:
     """Put the JSON schemas of the body ``models`` (and of the models they use) in the document's
-    components, where ``json_body`` points."""
+    components, where ``json_body`` points.  The bodies admit no other top-level field: the gateway
+    refuses unknown ones (docs/openai-api.md; CV_GATEWAY_LENIENT_PARAMETERS relaxes that)."""
     _, schemas = models_json_schema([(model, "validation") for model in models], ref_template=SCHEMA_REF)
     components = document.setdefault("components", {}).setdefault("schemas", {})
+    bodies = {model.__name__ for model in models}
     for name, schema in schemas.get("$defs", {}).items():
+        if name in bodies:
+            schema = {**schema, "additionalProperties": False}
         components.setdefault(name, schema)
