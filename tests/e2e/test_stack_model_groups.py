@@ -13,19 +13,17 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import nats
 import pytest
 from openai import AsyncOpenAI, NotFoundError, OpenAI
 
 from clairvoyant.contracts.v1 import common_pb2
-from clairvoyant.core.bus import COMPLETIONS_STREAM, COMPLETIONS_SUBJECT
 from clairvoyant.policy.aragog.routers import InputClass, TableRouter, ngram_weights
 from clairvoyant.stack import Stack, StackConfig
+from tests.e2e.conftest import records
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -69,26 +67,10 @@ def model_of_worker(stack: Stack) -> dict[str, str]:
     return {f"worker-{i}": model for i, model in enumerate(stack.worker_models, start=1)}
 
 
-async def records(stack: Stack, request_ids: set[str], timeout: float = 15.0) -> dict[str, common_pb2.CompletionRecord]:
-    """The completion records of ``request_ids``, once all are on the stream (or ``timeout`` passes)."""
-    nc = await nats.connect(stack.nats_url)
-    try:
-        js = nc.jetstream()
-        deadline = time.monotonic() + timeout
-        while True:
-            info = await js.stream_info(COMPLETIONS_STREAM)
-            sub = await js.subscribe(COMPLETIONS_SUBJECT, ordered_consumer=True)
-            found = {}
-            for _ in range(info.state.messages):
-                record = common_pb2.CompletionRecord.FromString((await sub.next_msg(timeout=5)).data)
-                if record.request_id in request_ids:
-                    found[record.request_id] = record
-            await sub.unsubscribe()
-            if len(found) == len(request_ids) or time.monotonic() > deadline:
-                return found
-            await asyncio.sleep(0.1)
-    finally:
-        await nc.close()
+async def records_of(stack: Stack, request_ids: set[str]) -> dict[str, common_pb2.CompletionRecord]:
+    """The completion records of ``request_ids``, once all are on the stream (or 15 s pass)."""
+    found = await records(stack, len(request_ids), timeout=15.0, request_ids=request_ids)
+    return {record.request_id: record for record in found}
 
 
 async def self_refine(client: AsyncOpenAI, workflow_id: str) -> list[tuple[str, str]]:
@@ -145,7 +127,7 @@ def test_concurrent_workflows_run_their_stages_on_chosen_models(stack: Stack) ->
     assert {model for _, model in stages} <= set(MODELS)
     # Load spread the stages: some workflow ran on more than one model.
     assert any(len({model for _, model in workflow}) > 1 for workflow in workflows), workflows
-    found = asyncio.run(records(stack, {request_id for request_id, _ in stages}))
+    found = asyncio.run(records_of(stack, {request_id for request_id, _ in stages}))
     assert len(found) == len(stages)
     served_by = model_of_worker(stack)
     for request_id, model in stages:
@@ -172,7 +154,7 @@ def test_streaming_reports_the_chosen_model(stack: Stack) -> None:
     models = {chunk.model for chunk in chunks}
     assert len(models) == 1 and models <= set(MODELS)
     request_id = chunks[0].id.removeprefix("chatcmpl-")
-    record = asyncio.run(records(stack, {request_id}))[request_id]
+    record = asyncio.run(records_of(stack, {request_id}))[request_id]
     assert model_of_worker(stack)[record.worker_id] == models.pop()
 
 
@@ -183,7 +165,7 @@ def test_a_call_without_app_metadata_runs_on_the_reference_model(stack: Stack) -
     )
     assert reply.model == MODELS[-1]
     request_id = reply.id.removeprefix("chatcmpl-")
-    record = asyncio.run(records(stack, {request_id}))[request_id]
+    record = asyncio.run(records_of(stack, {request_id}))[request_id]
     assert model_of_worker(stack)[record.worker_id] == MODELS[-1]
 
 

@@ -7,13 +7,12 @@ import json
 import time
 
 import httpx
-import nats
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
 from clairvoyant.contracts.v1 import common_pb2
-from clairvoyant.core.bus import COMPLETIONS_STREAM, COMPLETIONS_SUBJECT
 from clairvoyant.stack import Stack
+from tests.e2e.conftest import records  # noqa: F401  (other e2e tests import it from here)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 MODEL = "tiny-random"
@@ -22,34 +21,6 @@ META = {"workflow_type_id": "coding_assistant", "workflow_id": "wf-e2e-1", "agen
 
 def client(stack: Stack) -> OpenAI:
     return OpenAI(base_url=f"{stack.gateway_url}/v1", api_key="none", max_retries=0)
-
-
-async def records(
-    stack: Stack, expect: int, timeout: float = 10.0, workflow_id: str | None = None
-) -> list[common_pb2.CompletionRecord]:
-    """The completion records on the JetStream stream (only ``workflow_id``'s, when given), once at
-    least ``expect`` of them exist or ``timeout`` passes.  The gateway publishes a record after its
-    reply, so a test that counts one workflow's records waits for that workflow's, not for the
-    stream's total (which earlier tests' records may already reach)."""
-    nc = await nats.connect(stack.nats_url)
-    try:
-        js = nc.jetstream()
-        deadline = time.monotonic() + timeout
-        while True:
-            info = await js.stream_info(COMPLETIONS_STREAM)
-            sub = await js.subscribe(COMPLETIONS_SUBJECT, ordered_consumer=True)
-            out = []
-            for _ in range(info.state.messages):
-                msg = await sub.next_msg(timeout=5)
-                out.append(common_pb2.CompletionRecord.FromString(msg.data))
-            await sub.unsubscribe()
-            if workflow_id is not None:
-                out = [r for r in out if r.app_metadata.workflow_id == workflow_id]
-            if len(out) >= expect or time.monotonic() > deadline:
-                return out
-            await asyncio.sleep(0.1)
-    finally:
-        await nc.close()
 
 
 def worker_load(stack: Stack) -> list[dict[str, int]]:

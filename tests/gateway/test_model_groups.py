@@ -10,8 +10,8 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from clairvoyant.contracts.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, scheduler_pb2
 from clairvoyant.core.errors import ModelNotFound
+from clairvoyant.core.model_groups import INPUT_TEXT_MAX_CHARS
 from clairvoyant.gateway.http_api import GROUP_OWNER
-from clairvoyant.gateway.messages import INPUT_TEXT_MAX_CHARS
 from clairvoyant.gateway.models import ModelCatalog, ServedGroup
 from tests.gateway.conftest import Stack, StackFactory
 from tests.gateway.fakes import FakeScheduler, FakeWorker

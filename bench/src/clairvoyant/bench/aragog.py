@@ -47,6 +47,7 @@ from clairvoyant.core.model_groups import GroupWorkflow, ModelGroup, ModelGroups
 from clairvoyant.policy.aragog.classifier import ClassifierRouter
 from clairvoyant.policy.aragog.policy import AragogRouting, PerInputRouting, PerWorkflowRouting
 from clairvoyant.policy.aragog.routers import KnownSetsRouter, LabelledInput, precision_recall
+from clairvoyant.policy.aragog.scheduler import StageScheduler
 from clairvoyant.policy.aragog.types import EngineProfile
 from clairvoyant.policy.scheduling import PRIORITY_POLICIES, RoutingPolicy
 from clairvoyant.scheduler.core import GlobalScheduler
@@ -243,9 +244,8 @@ def arm_metrics(prepared: Prepared, records: RunRecords, routing: RoutingPolicy)
         "reference_accuracy": reference / max(1, len(models)),
         "agent_calls_by_model": dict(sorted(used.items())),
     }
-    stats = getattr(routing, "routing_stats", None)
-    if callable(stats):
-        result["routing"] = stats()
+    if isinstance(routing, StageScheduler):
+        result["routing"] = routing.routing_stats()
     return result
 
 

@@ -40,6 +40,10 @@ from typing import Any, Literal
 
 from clairvoyant.core.configspace import ConfigSpace
 
+# ScheduleRequest.input_text, a group call's input, is cut to this many characters: the
+# configuration routers read the start of the input only (the gateway cuts, the scheduler again).
+INPUT_TEXT_MAX_CHARS = 4096
+
 RouterKind = Literal["table", "classifier"]
 ROUTER_KINDS: tuple[RouterKind, ...] = ("table", "classifier")
 

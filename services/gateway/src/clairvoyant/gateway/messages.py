@@ -7,9 +7,6 @@ from clairvoyant.core.errors import InvalidRequest
 from clairvoyant.core.wire import app_metadata_to_proto
 from clairvoyant.gateway.request import GenerationRequest
 
-# ScheduleRequest.input_text: the configuration routers read the start of the input only.
-INPUT_TEXT_MAX_CHARS = 4096
-
 
 def encode_messages(
     request: GenerationRequest,

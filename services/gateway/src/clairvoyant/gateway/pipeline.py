@@ -35,12 +35,13 @@ from clairvoyant.core.errors import (
     QueueFull,
     Unavailable,
 )
+from clairvoyant.core.model_groups import INPUT_TEXT_MAX_CHARS
 from clairvoyant.core.telemetry import tracer
 from clairvoyant.gateway import metrics
 from clairvoyant.gateway.clients import AnnotateClient, NoAnnotator, SchedulerClient, WorkerPool
 from clairvoyant.gateway.generation import Generation
 from clairvoyant.gateway.leases import HeldPlacements
-from clairvoyant.gateway.messages import INPUT_TEXT_MAX_CHARS, encode_messages, placed_generate_request
+from clairvoyant.gateway.messages import encode_messages, placed_generate_request
 from clairvoyant.gateway.models import ModelCatalog, ServedGroup, ServedModel
 from clairvoyant.gateway.records import STATUS_CANCELLED, STATUS_ERROR, Outcome, build_record
 from clairvoyant.gateway.request import CompletionResult, GenerationRequest

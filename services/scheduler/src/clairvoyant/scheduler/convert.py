@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from clairvoyant.contracts.v1 import scheduler_pb2, worker_pb2
 from clairvoyant.core.errors import InvalidRequest
-from clairvoyant.core.model_groups import ModelGroups
+from clairvoyant.core.model_groups import INPUT_TEXT_MAX_CHARS, ModelGroups
 from clairvoyant.core.wire import (
     annotations_from_proto,
     annotations_to_proto,
@@ -21,10 +21,6 @@ from clairvoyant.scheduler.core import (
     SchedulerSnapshot,
     WorkerReport,
 )
-
-# ScheduleRequest.input_text is cut to this many characters (the gateway already does; a caller
-# that does not still cannot make the configuration routers read more).
-INPUT_TEXT_MAX_CHARS = 4096
 
 
 def queued_request(msg: scheduler_pb2.ScheduleRequest, now: float) -> QueuedRequest:

@@ -78,7 +78,7 @@ class GlobalQueues:
         queue = self._queues.setdefault(request.model, {})
         queue[request.request_id] = request
         if request.model in self.unranked:
-            pass
+            pass  # a model group's queue: its policy orders it (ASSIGNS_MODELS), nothing is keyed
         elif self._fixed:
             self._submitted += 1
             heap = self._heaps.setdefault(request.model, [])
