@@ -9,6 +9,7 @@ otherwise.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -115,6 +116,7 @@ async def test_annotations_reach_scheduler_and_worker_and_are_echoed(
     # A generous deadline: this test is about where the annotations go, not about timing.
     stack = await make_stack(profiler_address=profiler.address, profiler_timeout_s=5.0)
     before = unannotated()
+    sent_at = time.time()
     reply = await chat(stack)
     assert reply["annotations"] == {
         "predicted_output_len": {"p50": 120.0, "p99": 900.0},
@@ -129,6 +131,9 @@ async def test_annotations_reach_scheduler_and_worker_and_are_echoed(
         "reviewer",
     )
     assert asked.prompt_tokens > 0
+    # the arrival time on the completion records' clock (the gateway's wall clock), for the
+    # profiler's progress features
+    assert sent_at <= asked.arrival_time <= time.time()
     assert stack.scheduler.schedule_calls[0].annotations == PREDICTION
     assert stack.worker.calls[0].annotations == PREDICTION
 

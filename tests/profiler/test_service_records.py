@@ -96,6 +96,13 @@ def test_completion_record_maps_every_field_the_core_uses() -> None:
             prompt_blocks=(2**64 - 1, 7), response_blocks=(7, 9, 11),
         ),
     )
+    # the model the call ran on feeds the length priors of agents never seen; "" is no model
+    msg.model = "coder-14b"
+    keyed = convert.call_record(msg)
+    assert keyed is not None and keyed.record.model == "coder-14b"
+    msg.model = ""
+    keyed = convert.call_record(msg)
+    assert keyed is not None and keyed.record.model is None
 
 
 def test_optional_metadata_stays_unset_and_a_missing_end_time_is_instantaneous() -> None:

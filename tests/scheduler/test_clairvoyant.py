@@ -9,10 +9,12 @@ from clairvoyant.contracts.v1 import common_pb2
 from clairvoyant.core.app_metadata import AppMetadata
 from clairvoyant.core.wire import annotations_from_proto
 from clairvoyant.policy.clairvoyant import (
+    ClairvoyantGittinsPriority,
     ClairvoyantPriority,
     ClairvoyantPriorityConfig,
     ClairvoyantRouting,
     ClairvoyantRoutingConfig,
+    gittins_score,
 )
 from clairvoyant.policy.pythia import PythiaAgingRule
 from clairvoyant.scheduler.core import (
@@ -176,3 +178,38 @@ def test_waits_when_no_worker_fits() -> None:
     # 900 + 900 > 1600 on b, the only worker: the call waits.
     assert routing.route(request, [view("b", placed=1)], 0.0) is None
     assert routing.route(request, [view("a"), view("b", placed=1)], 0.0) == "a"
+
+
+# ---- the Gittins-ranked variant ---------------------------------------------------------------
+
+
+def gittins_call(rid: str, workflow: str, index: float | None, *, arrival: float = 0.0,
+                 confidence: int = HIGH) -> QueuedRequest:
+    annotations = common_pb2.SysAnnotations(confidence=confidence)  # type: ignore[arg-type]
+    if index is not None:
+        annotations.remaining_gittins_index = index
+    return QueuedRequest(
+        rid, "t", "m", arrival, app_metadata=AppMetadata("type", workflow, "agent"),
+        annotations=annotations_from_proto(annotations),
+    )
+
+
+def test_gittins_variant_ranks_by_the_index_of_the_remaining_work() -> None:
+    assert PRESETS.create("clairvoyant-gittins")[:2] == ("clairvoyant-gittins", "clairvoyant")
+    policy = ClairvoyantGittinsPriority()
+    table = ProcessTable()
+    policy.bind_programs(table)
+    near_end = gittins_call("a", "w1", 1 / 10.0)  # ranks like 10 s of work left: S = 1/2
+    far = gittins_call("b", "w2", 1 / 990.0)  # S = 1/100
+    untrusted = gittins_call("c", "w3", 1.0, confidence=common_pb2.CONFIDENCE_SHADOW)
+    unranked = gittins_call("d", "w4", None)
+    for r in (near_end, far, untrusted, unranked):
+        table.on_submit(r, 0.0)
+    assert policy.priority(near_end, 0.0) == pytest.approx(0.5)
+    assert policy.priority(far, 0.0) == pytest.approx(0.01)
+    assert policy.priority(untrusted, 0.0) == policy.priority(unranked, 0.0) == 0.0
+    assert gittins_score(None, 10.0) == 0.0
+    # the aging term is clairvoyant's: a program started 5,000 s earlier makes up 0.5
+    old = gittins_call("e", "w5", None, arrival=-5000.0)
+    table.on_submit(old, -5000.0)
+    assert policy.priority(old, 0.0) == pytest.approx(policy.priority(near_end, 0.0))

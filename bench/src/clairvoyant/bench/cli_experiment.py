@@ -102,9 +102,13 @@ def add_parsers(commands: Any) -> None:
         sub.add_argument("--block-size", type=int, default=16,
                          help="sim: KV block size in tokens (16 as live workers; 64 runs ~2.5x faster, "
                               "prefix hits rounded to 64 tokens)")  # fmt: skip
+        sub.add_argument("--max-num-seqs", type=int, default=256,
+                         help="sim: sequences each engine runs at once (vLLM's max_num_seqs); the rest wait "
+                              "in the global queue, where the preset's priority orders them")  # fmt: skip
         sub.add_argument("--annotations", choices=list(ANNOTATORS), default="none",
                          help="sim: what annotates each call: nothing, the profiler core (trained on a warm-up "
-                              "instance, then online) or the generator's ground truth")  # fmt: skip
+                              "instance, then online; profiler-path: without its remaining-work model) or the "
+                              "generator's ground truth")  # fmt: skip
         sub.add_argument("--warmup-workflows", type=int, default=64,
                          help="sim, --annotations profiler: workflows in the warm-up instance (0: none)")
         scaling = sub.add_argument_group("autoscaling (sim)")
@@ -263,8 +267,8 @@ def run_command(args: argparse.Namespace) -> int:
     config = ExperimentConfig(
         workload=args.workload, gpus=args.gpus, gpu=args.gpu, workflows=args.workflows,
         rate=args.rate, concurrency=args.concurrency, arrivals=args.arrivals, seed=args.seed,
-        block_size=args.block_size, annotations=args.annotations, warmup_workflows=args.warmup_workflows,
-        scaling=args.scaling, gpu_budget=args.gpu_budget, scale_interval_s=args.scale_interval,
+        block_size=args.block_size, max_num_seqs=args.max_num_seqs, annotations=args.annotations,
+        warmup_workflows=args.warmup_workflows, scaling=args.scaling, gpu_budget=args.gpu_budget, scale_interval_s=args.scale_interval,
         **tier_config(args),
     )  # fmt: skip
     try:
@@ -291,6 +295,10 @@ def run_command(args: argparse.Namespace) -> int:
             raise SystemExit(f"error: --arrivals: {exc}") from None
     if args.block_size <= 0:
         raise SystemExit(f"error: --block-size must be positive, got {args.block_size}")
+    if args.max_num_seqs <= 0:
+        raise SystemExit(f"error: --max-num-seqs must be positive, got {args.max_num_seqs}")
+    if args.mode == "live" and args.max_num_seqs != 256:
+        raise SystemExit("error: --max-num-seqs applies to --mode sim; live workers use their own setting")
     if args.warmup_workflows < 0:
         raise SystemExit(f"error: --warmup-workflows must be >= 0, got {args.warmup_workflows}")
     if args.mode == "live" and args.annotations != "none":

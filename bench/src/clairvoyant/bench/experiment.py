@@ -55,6 +55,8 @@ from clairvoyant.bench.sim.simulator import Annotator, ReplicaSpec, SimProgress,
 from clairvoyant.bench.workloads import Workload, get_workload
 from clairvoyant.policy.cache import CACHE_POLICIES
 from clairvoyant.policy.scaling import SCALING_POLICIES, ModelProfile
+from clairvoyant.profiler.core import ProfileConfig, ProfileStore
+from clairvoyant.profiler.core.remaining import RemainingConfig
 from clairvoyant.worker.core.engine import EngineConfig
 from clairvoyant.worker.core.l3 import L3Store, MemoryL3
 from clairvoyant.worker.core.tiers import WRITE_POLICIES, TierConfig, WritePolicy
@@ -79,7 +81,7 @@ class ExperimentConfig:
     block_size: int = 16
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
-    annotations: str = "none"  # none | profiler | oracle
+    annotations: str = "none"  # none | profiler | profiler-path (no remaining-work model) | oracle
     warmup_workflows: int = 64  # profiler annotations: the warm-up instance's size (0: learn online only)
     scaling: str | None = None  # a registered scaling policy; None: fixed replicas
     gpu_budget: int | None = None  # scaling: GPUs the replicas may hold at once (None: gpus)
@@ -290,8 +292,13 @@ def instance(
 WARMUP_SEED_OFFSET = 1_000_000  # the warm-up instance's seed: config.seed + this
 
 
-def _profiler_annotator(workload: Workload, config: ExperimentConfig, service: Mapping[str, ServiceTime]) -> Annotator:
-    annotator = ProfilerAnnotator()
+def _profiler_annotator(
+    workload: Workload, config: ExperimentConfig, service: Mapping[str, ServiceTime], path_only: bool = False
+) -> Annotator:
+    store = None
+    if path_only:  # the profiler as it predicted before its remaining-work model (for comparison)
+        store = ProfileStore(ProfileConfig(remaining=RemainingConfig(enabled=False)))
+    annotator = ProfilerAnnotator(store)
     if config.warmup_workflows > 0:
         warm = dataclasses.replace(config, workflows=config.warmup_workflows, seed=config.seed + WARMUP_SEED_OFFSET)
         arrivals, backlog = instance(workload, warm, prefix="warmup")
@@ -304,6 +311,7 @@ def _profiler_annotator(workload: Workload, config: ExperimentConfig, service: M
 ANNOTATORS: dict[str, Callable[[Workload, ExperimentConfig, Mapping[str, ServiceTime]], Annotator | None]] = {
     "none": lambda workload, config, service: None,
     "profiler": _profiler_annotator,
+    "profiler-path": lambda workload, config, service: _profiler_annotator(workload, config, service, True),
     "oracle": lambda workload, config, service: OracleAnnotator(service),
 }
 

@@ -53,7 +53,12 @@ class ProfilerAnnotator:
 
     def annotate(self, program: WorkflowProgram, call: Call, now: float) -> SysAnnotations:
         annotation = self.store.annotate(
-            TENANT, program.workflow_type, call.agent_id, workflow_id=program.workflow_id
+            TENANT,
+            program.workflow_type,
+            call.agent_id,
+            workflow_id=program.workflow_id,
+            prompt_tokens=call.prompt_tokens,
+            now=now + self.time_offset,
         )
         return sys_annotations(annotation)
 
@@ -226,4 +231,4 @@ class OracleAnnotator:
             self._truth.pop(program.workflow_id, None)
 
 
-ANNOTATIONS = ("none", "profiler", "oracle")  # the experiment's --annotations choices
+ANNOTATIONS = ("none", "profiler", "profiler-path", "oracle")  # the experiment's --annotations choices

@@ -56,3 +56,5 @@ class SysAnnotations:
     kairos_rank: float | None = None  # the agent's priority rank (Kairos)
     attained_service_s: float | None = None  # the program's attained service (Autellix)
     projection: tuple[ProjectedCalls, ...] = ()  # expected calls per agent in each coming step
+    # The Gittins index of the workflow's remaining work, per second (higher: serve first)
+    remaining_gittins_index: float | None = None

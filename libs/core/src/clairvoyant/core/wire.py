@@ -82,6 +82,7 @@ _OPTIONAL_NUMBERS = (
     "expected_remaining_time_s",
     "kairos_rank",
     "attained_service_s",
+    "remaining_gittins_index",
 )
 _CONFIDENCES = frozenset(int(c) for c in Confidence)
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from clairvoyant.core.annotations import SysAnnotations
 from clairvoyant.policy.capabilities import Capability
 from clairvoyant.policy.kairos import KairosTimeSlotRouting, TimeSlotConfig
 from clairvoyant.policy.presets import PRESETS, Preset
@@ -104,6 +105,34 @@ class ClairvoyantPriority:
         return PythiaAgingRule(self.config.engine_aging_rate)
 
 
+def gittins_score(annotations: SysAnnotations | None, time_scale_s: float) -> float:
+    """1 / (1 + R_G / τ) in [0, 1): R_G = 1 / G is the remaining work the Gittins index G of the
+    workflow's remaining-work distribution stands for (a deterministic job of that size has index
+    G), τ = ``time_scale_s``; 0 without an index."""
+    if annotations is None or not annotations.remaining_gittins_index:
+        return 0.0
+    return 1.0 / (1.0 + 1.0 / (annotations.remaining_gittins_index * time_scale_s))
+
+
+@PRIORITY_POLICIES.register("clairvoyant-gittins")
+class ClairvoyantGittinsPriority(ClairvoyantPriority):
+    """``clairvoyant`` with the workflow's Gittins rank in place of Pythia's completion score.
+
+    The profiler's remaining-work model (services/profiler/.../core/remaining.py) gives each call
+    the Gittins index G of its workflow's remaining work given its progress; the score is
+    ``gittins_score`` with τ = ``gittins_time_scale_s`` (10 s, about one agent call: a workflow
+    whose remaining work ranks like one call's scores 1/2, as Pythia's S does for one step left).
+    The aging term and everything else are ``clairvoyant``'s.  Measured against it in
+    docs/profiler.md ("Ranking and JCT in the simulator").
+    """
+
+    gittins_time_scale_s = 10.0
+
+    def priority(self, request: QueuedRequest, now: float) -> float:
+        score = gittins_score(trusted_annotations(request), self.gittins_time_scale_s)
+        return self.config.completion_weight * score - self.config.aging_rate * self.program_start(request)
+
+
 @dataclass(frozen=True, slots=True)
 class ClairvoyantRoutingConfig:
     slots: TimeSlotConfig = TimeSlotConfig()
@@ -148,3 +177,4 @@ class ClairvoyantRouting(KairosTimeSlotRouting):
 
 
 PRESETS.register_preset("clairvoyant", Preset("clairvoyant", "clairvoyant", cache="pythia"))
+PRESETS.register_preset("clairvoyant-gittins", Preset("clairvoyant-gittins", "clairvoyant", cache="pythia"))

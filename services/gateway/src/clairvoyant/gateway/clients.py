@@ -224,6 +224,7 @@ class ProfilerClient:
             app_metadata=app_metadata_to_proto(request.app_metadata),
             model=request.model,
             prompt_tokens=prompt_tokens,
+            arrival_time=request.arrival_time,
         )
         was_connected = self.connected()
         try:

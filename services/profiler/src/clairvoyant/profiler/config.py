@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from clairvoyant.core.config import ServiceSettings
 from clairvoyant.profiler.core import ConfidenceConfig, ProfileConfig, SynthesisConfig
+from clairvoyant.profiler.core.agent_names import AgentNameConfig, compile_pattern
+from clairvoyant.profiler.core.priors import PriorConfig
 
 
 class ProfilerSettings(ServiceSettings):
@@ -28,6 +30,19 @@ class ProfilerSettings(ServiceSettings):
     )
     resynthesize_every: int = Field(20, ge=1, description="closed instances between path re-synthesis")
     max_traces: int = Field(500, ge=1, description="recent traces each synthesis learns from")
+    # Agents named per task (core/agent_names.py, core/priors.py).
+    agent_name_pattern: str = Field(
+        "", description="regex over agent ids: group 1 becomes the name, or each match the replacement; empty: off"
+    )
+    agent_name_replacement: str = Field(
+        "+", description="what each match of agent_name_pattern becomes when it has no capture group"
+    )
+    agent_prompt_prefix_blocks: int = Field(
+        0, ge=0, le=4096, description="agents whose prompts share this many leading 16-token blocks share a name; 0: off"
+    )
+    length_prior: bool = Field(
+        True, description="agents with few calls get a length interval shrunk toward their position's pooled calls"
+    )
     # Serving (applies to restored profiles too).
     profiler_projection_steps: int = Field(
         8, ge=0, le=64, description="steps after a request's own whose expected calls per agent it is annotated with"
@@ -58,6 +73,18 @@ class ProfilerSettings(ServiceSettings):
             raise ValueError(str(exc)) from None
         return value
 
+    @model_validator(mode="after")
+    def _agent_names_compile(self) -> ProfilerSettings:
+        compile_pattern(self._agent_names())  # fail at start, not at the first profile
+        return self
+
+    def _agent_names(self) -> AgentNameConfig:
+        return AgentNameConfig(
+            pattern=self.agent_name_pattern,
+            replacement=self.agent_name_replacement,
+            prompt_prefix_blocks=self.agent_prompt_prefix_blocks,
+        )
+
     def profile_config(self) -> ProfileConfig:
         return ProfileConfig(
             idle_timeout_s=self.idle_timeout_s,
@@ -70,4 +97,6 @@ class ProfilerSettings(ServiceSettings):
                 high_instances=self.high_instances,
                 require_convergence=self.require_convergence,
             ),
+            agent_names=self._agent_names(),
+            priors=PriorConfig(enabled=self.length_prior),
         )

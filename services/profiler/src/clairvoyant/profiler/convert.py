@@ -50,6 +50,7 @@ def call_record(msg: common_pb2.CompletionRecord) -> KeyedRecord | None:
         workflow_end=meta.workflow_end,
         prompt_blocks=tuple(msg.prompt_block_hashes),
         response_blocks=tuple(msg.response_block_hashes),
+        model=msg.model or None,
     )
     return KeyedRecord(msg.tenant, meta.workflow_type_id, record)
 

@@ -402,6 +402,7 @@ def _profile(row: ProfileRow) -> WorkflowProfile:
 _RECORD_FIELDS = (
     "workflow_id", "agent_id", "start", "end", "prompt_tokens", "output_tokens", "upstream_agent_id",
     "parent_request_ids", "tool", "workflow_version", "workflow_end", "prompt_blocks", "response_blocks",
+    "model",
 )  # fmt: skip
 _TUPLE_FIELDS = frozenset({"parent_request_ids", "prompt_blocks", "response_blocks"})
 _LOG_COLUMNS = select(LogRow.seq, LogRow.tenant, LogRow.workflow_type_id, LogRow.request_id, LogRow.body)

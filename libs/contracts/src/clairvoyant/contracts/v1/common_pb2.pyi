@@ -68,7 +68,7 @@ class NextAgent(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., probability: _Optional[float] = ...) -> None: ...
 
 class SysAnnotations(_message.Message):
-    __slots__ = ("predicted_output_len", "predicted_path_regex", "expected_remaining_steps", "expected_remaining_time_s", "next_agents", "prompt_composition", "confidence", "kairos_rank", "attained_service_s", "projection")
+    __slots__ = ("predicted_output_len", "predicted_path_regex", "expected_remaining_steps", "expected_remaining_time_s", "next_agents", "prompt_composition", "confidence", "kairos_rank", "attained_service_s", "projection", "remaining_gittins_index")
     PREDICTED_OUTPUT_LEN_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_PATH_REGEX_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_REMAINING_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +79,7 @@ class SysAnnotations(_message.Message):
     KAIROS_RANK_FIELD_NUMBER: _ClassVar[int]
     ATTAINED_SERVICE_S_FIELD_NUMBER: _ClassVar[int]
     PROJECTION_FIELD_NUMBER: _ClassVar[int]
+    REMAINING_GITTINS_INDEX_FIELD_NUMBER: _ClassVar[int]
     predicted_output_len: LengthInterval
     predicted_path_regex: str
     expected_remaining_steps: float
@@ -89,7 +90,8 @@ class SysAnnotations(_message.Message):
     kairos_rank: float
     attained_service_s: float
     projection: _containers.RepeatedCompositeFieldContainer[ProjectedCalls]
-    def __init__(self, predicted_output_len: _Optional[_Union[LengthInterval, _Mapping]] = ..., predicted_path_regex: _Optional[str] = ..., expected_remaining_steps: _Optional[float] = ..., expected_remaining_time_s: _Optional[float] = ..., next_agents: _Optional[_Iterable[_Union[NextAgent, _Mapping]]] = ..., prompt_composition: _Optional[str] = ..., confidence: _Optional[_Union[Confidence, str]] = ..., kairos_rank: _Optional[float] = ..., attained_service_s: _Optional[float] = ..., projection: _Optional[_Iterable[_Union[ProjectedCalls, _Mapping]]] = ...) -> None: ...
+    remaining_gittins_index: float
+    def __init__(self, predicted_output_len: _Optional[_Union[LengthInterval, _Mapping]] = ..., predicted_path_regex: _Optional[str] = ..., expected_remaining_steps: _Optional[float] = ..., expected_remaining_time_s: _Optional[float] = ..., next_agents: _Optional[_Iterable[_Union[NextAgent, _Mapping]]] = ..., prompt_composition: _Optional[str] = ..., confidence: _Optional[_Union[Confidence, str]] = ..., kairos_rank: _Optional[float] = ..., attained_service_s: _Optional[float] = ..., projection: _Optional[_Iterable[_Union[ProjectedCalls, _Mapping]]] = ..., remaining_gittins_index: _Optional[float] = ...) -> None: ...
 
 class ProjectedCalls(_message.Message):
     __slots__ = ("step", "agent_id", "expected_calls")

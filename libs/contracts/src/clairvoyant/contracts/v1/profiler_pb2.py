@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from clairvoyant.contracts.v1 import common_pb2 as clairvoyant_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x63lairvoyant/v1/profiler.proto\x12\x0e\x63lairvoyant.v1\x1a\x1b\x63lairvoyant/v1/common.proto\"\x8e\x01\n\x0f\x41nnotateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x31\n\x0c\x61pp_metadata\x18\x03 \x01(\x0b\x32\x1b.clairvoyant.v1.AppMetadata\x12\r\n\x05model\x18\x04 \x01(\t\x12\x15\n\rprompt_tokens\x18\x05 \x01(\r\"G\n\x10\x41nnotateResponse\x12\x33\n\x0b\x61nnotations\x18\x01 \x01(\x0b\x32\x1e.clairvoyant.v1.SysAnnotations\"=\n\x11GetProfileRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x18\n\x10workflow_type_id\x18\x02 \x01(\t\"\xe2\x01\n\x0c\x41gentProfile\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x32\n\noutput_len\x18\x02 \x01(\x0b\x32\x1e.clairvoyant.v1.LengthInterval\x12\x15\n\routput_len_cv\x18\x03 \x01(\x01\x12\x1b\n\x13mean_service_time_s\x18\x04 \x01(\x01\x12\x1d\n\x15mean_remaining_time_s\x18\x05 \x01(\x01\x12\x18\n\x0bkairos_rank\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x0f\n\x07samples\x18\x07 \x01(\x04\x42\x0e\n\x0c_kairos_rank\"\xc5\x01\n\x0fWorkflowProfile\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x18\n\x10workflow_type_id\x18\x02 \x01(\t\x12\x17\n\x0fpath_expression\x18\x03 \x01(\t\x12.\n\nconfidence\x18\x04 \x01(\x0e\x32\x1a.clairvoyant.v1.Confidence\x12\x11\n\tinstances\x18\x05 \x01(\x04\x12,\n\x06\x61gents\x18\x06 \x03(\x0b\x32\x1c.clairvoyant.v1.AgentProfile\"*\n\x18ListWorkflowTypesRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"T\n\x19ListWorkflowTypesResponse\x12\x37\n\x0eworkflow_types\x18\x01 \x03(\x0b\x32\x1f.clairvoyant.v1.WorkflowProfile2\x95\x02\n\x08Profiler\x12M\n\x08\x41nnotate\x12\x1f.clairvoyant.v1.AnnotateRequest\x1a .clairvoyant.v1.AnnotateResponse\x12P\n\nGetProfile\x12!.clairvoyant.v1.GetProfileRequest\x1a\x1f.clairvoyant.v1.WorkflowProfile\x12h\n\x11ListWorkflowTypes\x12(.clairvoyant.v1.ListWorkflowTypesRequest\x1a).clairvoyant.v1.ListWorkflowTypesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x63lairvoyant/v1/profiler.proto\x12\x0e\x63lairvoyant.v1\x1a\x1b\x63lairvoyant/v1/common.proto\"\xa4\x01\n\x0f\x41nnotateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x31\n\x0c\x61pp_metadata\x18\x03 \x01(\x0b\x32\x1b.clairvoyant.v1.AppMetadata\x12\r\n\x05model\x18\x04 \x01(\t\x12\x15\n\rprompt_tokens\x18\x05 \x01(\r\x12\x14\n\x0c\x61rrival_time\x18\x06 \x01(\x01\"G\n\x10\x41nnotateResponse\x12\x33\n\x0b\x61nnotations\x18\x01 \x01(\x0b\x32\x1e.clairvoyant.v1.SysAnnotations\"=\n\x11GetProfileRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x18\n\x10workflow_type_id\x18\x02 \x01(\t\"\xe2\x01\n\x0c\x41gentProfile\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x32\n\noutput_len\x18\x02 \x01(\x0b\x32\x1e.clairvoyant.v1.LengthInterval\x12\x15\n\routput_len_cv\x18\x03 \x01(\x01\x12\x1b\n\x13mean_service_time_s\x18\x04 \x01(\x01\x12\x1d\n\x15mean_remaining_time_s\x18\x05 \x01(\x01\x12\x18\n\x0bkairos_rank\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x0f\n\x07samples\x18\x07 \x01(\x04\x42\x0e\n\x0c_kairos_rank\"\xc5\x01\n\x0fWorkflowProfile\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x18\n\x10workflow_type_id\x18\x02 \x01(\t\x12\x17\n\x0fpath_expression\x18\x03 \x01(\t\x12.\n\nconfidence\x18\x04 \x01(\x0e\x32\x1a.clairvoyant.v1.Confidence\x12\x11\n\tinstances\x18\x05 \x01(\x04\x12,\n\x06\x61gents\x18\x06 \x03(\x0b\x32\x1c.clairvoyant.v1.AgentProfile\"*\n\x18ListWorkflowTypesRequest\x12\x0e\n\x06tenant\x18\x01 \x01(\t\"T\n\x19ListWorkflowTypesResponse\x12\x37\n\x0eworkflow_types\x18\x01 \x03(\x0b\x32\x1f.clairvoyant.v1.WorkflowProfile2\x95\x02\n\x08Profiler\x12M\n\x08\x41nnotate\x12\x1f.clairvoyant.v1.AnnotateRequest\x1a .clairvoyant.v1.AnnotateResponse\x12P\n\nGetProfile\x12!.clairvoyant.v1.GetProfileRequest\x1a\x1f.clairvoyant.v1.WorkflowProfile\x12h\n\x11ListWorkflowTypes\x12(.clairvoyant.v1.ListWorkflowTypesRequest\x1a).clairvoyant.v1.ListWorkflowTypesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,19 +33,19 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'clairvoyant.v1.profiler_pb2
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ANNOTATEREQUEST']._serialized_start=79
-  _globals['_ANNOTATEREQUEST']._serialized_end=221
-  _globals['_ANNOTATERESPONSE']._serialized_start=223
-  _globals['_ANNOTATERESPONSE']._serialized_end=294
-  _globals['_GETPROFILEREQUEST']._serialized_start=296
-  _globals['_GETPROFILEREQUEST']._serialized_end=357
-  _globals['_AGENTPROFILE']._serialized_start=360
-  _globals['_AGENTPROFILE']._serialized_end=586
-  _globals['_WORKFLOWPROFILE']._serialized_start=589
-  _globals['_WORKFLOWPROFILE']._serialized_end=786
-  _globals['_LISTWORKFLOWTYPESREQUEST']._serialized_start=788
-  _globals['_LISTWORKFLOWTYPESREQUEST']._serialized_end=830
-  _globals['_LISTWORKFLOWTYPESRESPONSE']._serialized_start=832
-  _globals['_LISTWORKFLOWTYPESRESPONSE']._serialized_end=916
-  _globals['_PROFILER']._serialized_start=919
-  _globals['_PROFILER']._serialized_end=1196
+  _globals['_ANNOTATEREQUEST']._serialized_end=243
+  _globals['_ANNOTATERESPONSE']._serialized_start=245
+  _globals['_ANNOTATERESPONSE']._serialized_end=316
+  _globals['_GETPROFILEREQUEST']._serialized_start=318
+  _globals['_GETPROFILEREQUEST']._serialized_end=379
+  _globals['_AGENTPROFILE']._serialized_start=382
+  _globals['_AGENTPROFILE']._serialized_end=608
+  _globals['_WORKFLOWPROFILE']._serialized_start=611
+  _globals['_WORKFLOWPROFILE']._serialized_end=808
+  _globals['_LISTWORKFLOWTYPESREQUEST']._serialized_start=810
+  _globals['_LISTWORKFLOWTYPESREQUEST']._serialized_end=852
+  _globals['_LISTWORKFLOWTYPESRESPONSE']._serialized_start=854
+  _globals['_LISTWORKFLOWTYPESRESPONSE']._serialized_end=938
+  _globals['_PROFILER']._serialized_start=941
+  _globals['_PROFILER']._serialized_end=1218
 # @@protoc_insertion_point(module_scope)

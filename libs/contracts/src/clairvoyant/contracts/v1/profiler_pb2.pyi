@@ -8,18 +8,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AnnotateRequest(_message.Message):
-    __slots__ = ("request_id", "tenant", "app_metadata", "model", "prompt_tokens")
+    __slots__ = ("request_id", "tenant", "app_metadata", "model", "prompt_tokens", "arrival_time")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     APP_METADATA_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ARRIVAL_TIME_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     tenant: str
     app_metadata: _common_pb2.AppMetadata
     model: str
     prompt_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., app_metadata: _Optional[_Union[_common_pb2.AppMetadata, _Mapping]] = ..., model: _Optional[str] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+    arrival_time: float
+    def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., app_metadata: _Optional[_Union[_common_pb2.AppMetadata, _Mapping]] = ..., model: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., arrival_time: _Optional[float] = ...) -> None: ...
 
 class AnnotateResponse(_message.Message):
     __slots__ = ("annotations",)

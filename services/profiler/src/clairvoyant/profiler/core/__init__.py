@@ -13,6 +13,10 @@ order data flows through them:
     synthesis.py       traces -> bounded path expression
     stats.py           per-agent length/latency/gap distributions, Kairos convergence
     ranking.py         Kairos agent rank (Wasserstein + 1-D MDS with a zero anchor)
+    remaining.py       remaining work given a running workflow's progress (accelerated failure
+                       time), its Gittins index
+    agent_names.py     agent-name normalization (pattern, system-prompt hash)
+    priors.py          output-length priors for rare and unseen agents
     confidence.py      shadow / low / high tiers (Pythia shadow profiling, SAGA cold start)
     templates.py       prompt-composition templates from chained block hashes, static prefixes
     profile_types.py   a profile's records, results, annotations and settings

@@ -14,6 +14,7 @@ from typing import Any
 
 from clairvoyant.profiler.core.paths import PathModel, Position
 from clairvoyant.profiler.core.prediction import positions_after
+from clairvoyant.profiler.core.remaining import Progress, ProgressTracker
 from clairvoyant.profiler.core.templates import ChainStore, TemplateConfig
 from clairvoyant.profiler.core.trace import IncrementalTrace, TraceCall
 
@@ -31,12 +32,14 @@ class OpenInstance:
     cached_positions: list[Position] = field(default_factory=list)
     dirty_from: int = 0
     last_by_agent: dict[str, TraceCall] = field(default_factory=dict)  # its latest-starting call
+    tracker: ProgressTracker = field(default_factory=ProgressTracker)  # aggregates for ``progress``
+    first_start: float = float("inf")
 
     def add(self, call: TraceCall) -> None:
         if call.request_id in self.calls:  # a repeated id (idempotency window long passed): rebuild
             self.calls[call.request_id] = call
             self.trace = IncrementalTrace(self.calls.values())
-            self.last_by_agent = {}
+            self.last_by_agent, self.tracker, self.first_start = {}, ProgressTracker(), float("inf")
             for c in self.calls.values():
                 self._note(c)
             self.dirty_from = 0
@@ -46,9 +49,17 @@ class OpenInstance:
         self._note(call)
 
     def _note(self, call: TraceCall) -> None:
+        self.tracker.add(call, 0)
+        self.first_start = min(self.first_start, call.start)
         latest = self.last_by_agent.get(call.agent_id)
         if latest is None or call.start > latest.start:  # first of equal starts wins, as max() did
             self.last_by_agent[call.agent_id] = call
+
+    def progress(self, agent: str, now: float | None, prompt_tokens: int) -> Progress:
+        """What a call of ``agent`` starting at ``now`` (default: the latest activity) sees of this
+        instance: every call added so far has ended (records arrive at the end of their call)."""
+        at = self.last_activity if now is None else max(now, self.last_activity)
+        return self.tracker.progress(agent, at, prompt_tokens, self.first_start, len(self.trace.steps))
 
     def positions(self, model: PathModel, model_id: int) -> list[Position]:
         """``prediction.positions_after`` of this instance's steps in ``model`` (``model_id``

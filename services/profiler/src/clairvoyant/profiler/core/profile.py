@@ -14,11 +14,13 @@ plain, JSON-safe dicts.  The design and its trade-offs: docs/profiler.md, "Workf
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
+from clairvoyant.profiler.core.agent_names import AgentNames
 from clairvoyant.profiler.core.automaton import TransitionAutomaton
 from clairvoyant.profiler.core.confidence import (
     ConfidenceState,
@@ -29,8 +31,9 @@ from clairvoyant.profiler.core.confidence import (
 )
 from clairvoyant.profiler.core.expr import parse, to_text
 from clairvoyant.profiler.core.open_instance import OpenInstance
-from clairvoyant.profiler.core.paths import PathModel
+from clairvoyant.profiler.core.paths import PathModel, Position
 from clairvoyant.profiler.core.prediction import AnnotationTables, positions_after, predict_structure
+from clairvoyant.profiler.core.priors import LengthPriors
 from clairvoyant.profiler.core.profile_types import (
     Annotation,
     CallRecord,
@@ -40,6 +43,7 @@ from clairvoyant.profiler.core.profile_types import (
     StructurePrediction,
 )
 from clairvoyant.profiler.core.ranking import AgentRanking
+from clairvoyant.profiler.core.remaining import ProgressTracker, RemainingModel, RemainingPrediction
 from clairvoyant.profiler.core.stats import AgentSummary, ConvergenceTracker, LearnedAgentStats, Summary
 from clairvoyant.profiler.core.synthesis import synthesize
 from clairvoyant.profiler.core.templates import AgentTemplate, ChainStore, TemplateLearner
@@ -57,6 +61,7 @@ class WorkflowProfile:
         self._closed_ids: OrderedDict[str, None] = OrderedDict()
         self._old_versions: set[str] = set()
         self.confidence = ConfidenceState()
+        self.names = AgentNames(self.config.agent_names)
         self._reset_learning()
 
     def _reset_learning(self) -> None:
@@ -72,6 +77,10 @@ class WorkflowProfile:
         self._model_id = 0
         self._tables: AnnotationTables | None = None
         self.templates = TemplateLearner(self.config.templates)
+        self.priors = LengthPriors(self.config.priors)
+        self.remaining = RemainingModel(self.config.remaining)
+        self.path_errors: deque[float] = deque(maxlen=self.config.remaining.residual_window)
+        self.work_errors: deque[float] = deque(maxlen=self.config.remaining.residual_window)
 
     @property
     def agents(self) -> dict[str, LearnedAgentStats]:
@@ -103,6 +112,8 @@ class WorkflowProfile:
             self._reset_learning()
         if record.workflow_id in self._closed_ids:
             return IngestResult(IngestStatus.LATE, reset=reset)
+        record = self.names.normalized(record)
+        self.priors.note_model(record.agent_id, record.model)
         instance = self._open.setdefault(record.workflow_id, OpenInstance())
         instance.add(record.call())
         if record.prompt_blocks or record.response_blocks:
@@ -132,17 +143,20 @@ class WorkflowProfile:
         instance = self._open.pop(workflow_id)
         self._remember(self._closed_ids, workflow_id, self.config.max_closed_ids)
         trace = instance.trace.trace(workflow_id)
-        self._learn(trace)
+        positions = instance.positions(self.model, self._model_id) if self.model is not None else None
+        self._learn(trace, positions)
         if instance.chains is not None:
             self.templates.learn(instance.chains.calls())
         return trace
 
-    def _learn(self, trace: WorkflowTrace) -> None:
+    def _learn(self, trace: WorkflowTrace, positions: Sequence[Position] | None = None) -> None:
         self.instances += 1
         self.since_synthesis += 1
         self.traces.append(trace.steps)
         self.automaton.add(trace.steps)
         self.stats.observe(trace, self.instances)
+        self.priors.observe(trace)
+        self._score_remaining(trace, positions, self.remaining.observe(trace))
         accepted = self.model.accepts(trace.steps) if self.model is not None else None
         # Every resynthesize_every instances, stretched to an eighth of those seen once there are
         # many: a synthesis over the 500-trace window costs ~100 ms.
@@ -153,6 +167,41 @@ class WorkflowProfile:
         self.since_tables += 1
         if self._tables is None or self.since_tables >= self.config.tables_every:
             self.refresh_tables()
+
+    def _score_remaining(
+        self, trace: WorkflowTrace, positions: Sequence[Position] | None, work_errors: Sequence[float]
+    ) -> None:
+        """Score the two remaining-time predictors on a closed instance, each with the fit in force
+        before it: |log(1 + predicted) - log(1 + actual)| per call, for the path model from the
+        positions after each step (``positions``), for the remaining-work model as it learned
+        (``work_errors``).  Only instances both predicted count, so the windows compare like with
+        like; ``remaining_time_source`` serves the lower mean."""
+        tables = self._tables
+        if not work_errors or positions is None or self.model is None or tables is None:
+            return
+        if tables.time_values is None or len(positions) != len(trace.calls) + 1:
+            return
+        end = trace.end
+        for i, group in enumerate(trace.calls):
+            after = self.model.expected_remaining(positions[i + 1], time_values=tables.time_values).time_s or 0.0
+            for call in group:
+                # the path model's time starts at the next step: add the agent's mean gap before it
+                summary = tables.summaries.get(call.agent_id)
+                gap = summary.gap_after_s.mean if summary is not None and summary.gap_after_s else 0.0
+                predicted = after + gap if i + 1 < len(trace.calls) or after > 0 else 0.0
+                actual = max(end - call.end, 0.0)
+                self.path_errors.append(abs(math.log1p(max(predicted, 0.0)) - math.log1p(actual)))
+        self.work_errors.extend(work_errors)
+
+    @property
+    def remaining_time_source(self) -> str:
+        """``"work"`` (remaining.py) or ``"path"``: the remaining-time predictor with the lower mean
+        held-out log error over the recent instances both predicted (``_score_remaining``)."""
+        if not self.work_errors or not self.path_errors:
+            return "path"
+        work = sum(self.work_errors) / len(self.work_errors)
+        path = sum(self.path_errors) / len(self.path_errors)
+        return "work" if work < path else "path"
 
     def resynthesize(self) -> None:
         if not self.traces:
@@ -177,6 +226,7 @@ class WorkflowProfile:
         self._tables = None
         self.since_tables = 0
         self._annotation_tables()
+        self.remaining.refit()
 
     def _annotation_tables(self) -> AnnotationTables:
         if self._tables is None:
@@ -189,11 +239,15 @@ class WorkflowProfile:
         workflow_id: str | None = None,
         prompt_tokens: int | None = None,
         history: Sequence[StepLike] | None = None,
+        now: float | None = None,
     ) -> Annotation:
-        """Predictions for a request of ``agent_id``.  The position is ``history`` (steps already
-        taken, when given) or what was ingested so far for ``workflow_id``.  ``prompt_tokens`` is
-        accepted for the interface; the length predictors do not use it yet."""
-        del prompt_tokens
+        """Predictions for a request of ``agent_id`` arriving at ``now`` (on the records' clock;
+        default: the instance's latest activity).  The position is ``history`` (steps already
+        taken, when given) or what was ingested so far for ``workflow_id``; the remaining time and
+        its Gittins index come from the remaining-work model (remaining.py) once it has learned,
+        else from the path model.  ``prompt_tokens`` is the request's context, which the
+        remaining-work model reads."""
+        agent_id = self.names.lookup(agent_id)  # a name never ingested keeps its own (agent_names.py)
         if not self._seen:
             return Annotation.empty()  # never heard of: the reactive tier
         tables = self._annotation_tables()
@@ -204,7 +258,10 @@ class WorkflowProfile:
             if latest is not None:
                 previous_len = float(latest.output_tokens)
         summary = tables.summaries.get(agent_id)
-        interval = summary.length_interval(previous_len) if summary is not None else None
+        taken: Sequence[Step] | None = as_steps(history) if history is not None else None
+        if taken is None and workflow_id is not None:  # an instance not open yet is at its first step
+            taken = instance.trace.steps if instance is not None else ()
+        interval = self.priors.length_interval(agent_id, summary, previous_len, taken)  # priors.py
         p50, p99 = interval if interval is not None else (None, None)
         tier = self.confidence.tier
         if tier is Tier.SHADOW or self.model is None:
@@ -213,19 +270,22 @@ class WorkflowProfile:
         assert predicted is not None
         position, nxt, remaining = predicted
         projection = self.model.project_steps(position, self.config.projection_steps)
+        work = self.predict_remaining(agent_id, workflow_id, prompt_tokens or 0, now)
+        time_s = work.mean_s if work is not None and self.remaining_time_source == "work" else remaining.time_s
         return Annotation(
             tier,
             p50,
             p99,
             self.model.residual(position, self.config.residual_min_share),
-            remaining.steps,
-            remaining.time_s,
+            remaining.steps if time_s is remaining.time_s or work is None else work.steps,
+            time_s,
             nxt.agents,
             nxt.end_probability,
             tables.ranking.rank.get(agent_id),
             position.on_path,
             self.templates.template(nxt.agents[0][0]) if nxt.agents else "",
             tuple(tuple((agent, n) for agent, n in step.items() if n > 0.0) for step in projection),
+            None if work is None else work.gittins,
         )
 
     def predict(
@@ -247,6 +307,19 @@ class WorkflowProfile:
         else:
             steps, positions = (), [self.model.start_position()]
         return predict_structure(self.model, tables, agent_id, steps, positions)
+
+    def predict_remaining(
+        self, agent_id: str, workflow_id: str | None = None, prompt_tokens: int = 0, now: float | None = None
+    ) -> RemainingPrediction | None:
+        """The remaining-work model's prediction (remaining.py) for a call of ``agent_id`` starting
+        at ``now`` (default: the instance's latest activity), whatever the tier; None before it has
+        learned ``min_instances`` instances."""
+        instance = self._open.get(workflow_id) if workflow_id is not None else None
+        if instance is None:
+            progress = ProgressTracker().progress(agent_id, 0.0, prompt_tokens, 0.0)
+        else:
+            progress = instance.progress(agent_id, now, prompt_tokens)
+        return self.remaining.predict(progress)
 
     # ---------------------------------------------------------------------------- inspection
 
@@ -291,6 +364,10 @@ class WorkflowProfile:
             "instances": self.instances,
             "since_synthesis": self.since_synthesis,
             "templates": self.templates.to_state(),
+            "remaining": self.remaining.to_state(),
+            "remaining_errors": {"path": list(self.path_errors), "work": list(self.work_errors)},
+            "agent_names": self.names.to_state(),
+            "priors": self.priors.to_state(),
             "model": None
             if self.model is None
             else {
@@ -317,6 +394,12 @@ class WorkflowProfile:
         profile.since_synthesis = int(state["since_synthesis"])
         if "templates" in state:
             profile.templates = TemplateLearner.from_state(state["templates"], profile.config.templates)
+        if "remaining" in state:  # states saved before the remaining-work model learn it afresh
+            profile.remaining = RemainingModel.from_state(state["remaining"], profile.config.remaining)
+            profile.path_errors.extend(state["remaining_errors"]["path"])
+            profile.work_errors.extend(state["remaining_errors"]["work"])
+        profile.names = AgentNames.from_state(state.get("agent_names", {}), profile.config.agent_names)
+        profile.priors = LengthPriors.from_state(state.get("priors", {}), profile.config.priors)
         if state["model"] is not None:
             m = state["model"]
             profile.model = PathModel(parse(m["expr"]), m["weights"])

@@ -12,8 +12,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple
 
+from clairvoyant.profiler.core.agent_names import AgentNameConfig
 from clairvoyant.profiler.core.confidence import ConfidenceConfig, Tier
 from clairvoyant.profiler.core.paths import NextAgents, Position, Remaining
+from clairvoyant.profiler.core.priors import PriorConfig
+from clairvoyant.profiler.core.remaining import RemainingConfig
 from clairvoyant.profiler.core.synthesis import SynthesisConfig
 from clairvoyant.profiler.core.templates import TemplateConfig
 from clairvoyant.profiler.core.trace import TraceCall, WorkflowTrace
@@ -38,6 +41,7 @@ class CallRecord:
     # Chained 16-token block hashes (clairvoyant.core.blockhash) of the prompt and the response.
     prompt_blocks: tuple[int, ...] = ()
     response_blocks: tuple[int, ...] = ()
+    model: str | None = None  # the served model that ran the call, when the record names it
 
     def call(self) -> TraceCall:
         return TraceCall(
@@ -85,6 +89,9 @@ class Annotation:
     # Per coming step (element 0 = the step after this request's): (agent id, expected calls),
     # most calls first (Pythia Alg. 4's ProjectGraph); () when the structure is not served.
     projection: tuple[tuple[tuple[str, float], ...], ...] = ()
+    # The Gittins index of the workflow's remaining work, per second (remaining.py); None until the
+    # remaining-work model has learned.
+    remaining_gittins_index: float | None = None
 
     @staticmethod
     def empty() -> Annotation:
@@ -110,12 +117,18 @@ class ProfileConfig:
     synthesis: SynthesisConfig = field(default_factory=SynthesisConfig)
     confidence: ConfidenceConfig = field(default_factory=ConfidenceConfig)
     templates: TemplateConfig = field(default_factory=TemplateConfig)
+    agent_names: AgentNameConfig = field(default_factory=AgentNameConfig)  # off by default
+    priors: PriorConfig = field(default_factory=PriorConfig)  # length priors for rare agents
+    remaining: RemainingConfig = field(default_factory=RemainingConfig)
 
     @staticmethod
     def from_state(state: dict[str, Any]) -> ProfileConfig:
-        """The config from ``dataclasses.asdict`` of one (a state without templates gets the default)."""
+        """The config from ``dataclasses.asdict`` of one (a section an older state lacks gets its defaults)."""
         raw = dict(state)
         raw["synthesis"] = SynthesisConfig(**raw["synthesis"])
         raw["confidence"] = ConfidenceConfig(**raw["confidence"])
         raw["templates"] = TemplateConfig(**raw.get("templates", {}))
+        raw["agent_names"] = AgentNameConfig(**raw.get("agent_names", {}))
+        raw["priors"] = PriorConfig(**raw.get("priors", {}))
+        raw["remaining"] = RemainingConfig(**raw.get("remaining", {}))
         return ProfileConfig(**raw)

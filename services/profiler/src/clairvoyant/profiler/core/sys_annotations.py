@@ -34,4 +34,5 @@ def sys_annotations(annotation: Annotation) -> SysAnnotations:
             for step, calls in enumerate(annotation.projection, start=1)
             for agent_id, expected_calls in calls
         ),
+        remaining_gittins_index=annotation.remaining_gittins_index,
     )

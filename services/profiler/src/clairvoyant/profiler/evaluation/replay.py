@@ -35,7 +35,12 @@ Metrics (fractions in [0, 1]):
   (the quantity the Kairos rank is built from, without the MDS); ``workflow_start`` — the earlier
   workflow start first; ``path`` — the served predictor, ungated; ``oracle_path`` — the true
   remaining steps, each costed at its agents' mean service time + gap (what a perfect structure
-  model with mean timings would say: the ceiling for any predictor built from mean times).  Each
+  model with mean timings would say: the ceiling for any predictor built from mean times);
+  ``remaining_mean`` / ``remaining_median`` — start + service + the remaining-work model's
+  (core/remaining.py) mean / median remaining time, from the request's progress;
+  ``remaining_gittins`` — its Gittins index, highest first; ``remaining_steps`` — its expected
+  remaining steps, fewest first.  The served order uses the annotation's remaining time, which is
+  the remaining-work model's or the path model's, whichever the profile scores better.  Each
   also with ``_cross_agent``: pairs of requests of different agents only (a literal reading of
   §7.4's "all other agent requests"; same-agent pairs are the ones an agent-level rank cannot
   separate).
@@ -60,7 +65,17 @@ from clairvoyant.profiler.evaluation.data import Workflow
 END = "$"
 
 
-PREDICTORS = ("path", "kairos", "agent_mean", "workflow_start", "oracle_path")
+PREDICTORS = (
+    "path",
+    "kairos",
+    "agent_mean",
+    "workflow_start",
+    "oracle_path",
+    "remaining_mean",
+    "remaining_median",
+    "remaining_gittins",
+    "remaining_steps",
+)
 
 
 @dataclass
@@ -174,7 +189,9 @@ def replay(
                     scores.active_at = profile.instances
         else:
             started = time.perf_counter()
-            annotation = profile.annotate(record.agent_id, record.workflow_id)
+            annotation = profile.annotate(
+                record.agent_id, record.workflow_id, record.prompt_tokens, now=record.start
+            )
             scores.annotate_s.append(time.perf_counter() - started)
             _score_call(profile, record, annotation, truths, workflows, w, scores, in_flight, ends)
         if progress is not None and done % 1000 == 0:
@@ -252,7 +269,12 @@ def _diagnostic_keys(
     path = None if prediction is None else prediction.remaining.time_s
     own_gap = summary.gap_after_s.mean if summary is not None and summary.gap_after_s is not None else 0.0
     gap_now = own_gap if truth.remaining else 0.0
+    aft = profile.predict_remaining(record.agent_id, record.workflow_id, record.prompt_tokens, record.start)
     return {
+        "remaining_mean": None if aft is None else record.start + service + aft.mean_s,
+        "remaining_median": None if aft is None else record.start + service + aft.median_s,
+        "remaining_gittins": None if aft is None else -aft.gittins,
+        "remaining_steps": None if aft is None else aft.steps,
         "path": None if path is None else record.start + service + path,
         "kairos": None if rank is None else (rank, workflow_start),
         "agent_mean": None if mean_remaining is None else record.start + mean_remaining,
@@ -263,6 +285,10 @@ def _diagnostic_keys(
 
 def _mean(values: Sequence[float] | Sequence[bool]) -> float | None:
     return float(np.mean(values)) if len(values) else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
 
 
 def _report(profile: WorkflowProfile, s: _Scores, first_test: int, total: int) -> dict[str, Any]:
@@ -281,6 +307,9 @@ def _report(profile: WorkflowProfile, s: _Scores, first_test: int, total: int) -
         "priority_ordering_accuracy_kairos_rank": _mean(s.order.get("kairos", [])),
         "priority_requests": len(s.order_served),
         "priority_predictors": {name: _mean(values) for name, values in sorted(s.order.items())},
+        # the served accuracy as a share of the mean-time oracle's (the ceiling, module doc)
+        "priority_ordering_vs_oracle": _ratio(_mean(s.order_served), _mean(s.order.get("oracle_path", []))),
+        "remaining_time_source": profile.remaining_time_source,
         "workflows_to_converge": s.converged_at,
         "workflows_to_active": s.active_at,
         "annotate_p50_ms": float(np.percentile(annotate_ms, 50)) if len(annotate_ms) else None,
