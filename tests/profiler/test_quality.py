@@ -86,14 +86,15 @@ def test_incremental_positions_equal_positions_from_a_rebuilt_trace() -> None:
 
 def test_convergence_latches_once_a_doubling_check_passes() -> None:
     tracker = ConvergenceTracker()
-    window = [10.0] * 16
-    tracker.observe(window[:8], 8, 1)
-    tracker.observe(window, 16, 2)  # identical: distance 0
-    assert tracker.converged and tracker.converged_at_samples == 16 and tracker.converged_at_workflows == 2
-    window += [1000.0] * 16  # a heavy tail arrives: the 32 check fails but does not take it back
-    tracker.observe(window, 32, 4)
+    for workflow in range(1, 33):
+        value = 10.0 if workflow <= 16 else 1000.0  # a heavy tail arrives after the 16 check
+        for _ in range(4):
+            tracker.add(value, workflow)
+        tracker.check(workflow)
+        if workflow == 16:
+            assert tracker.converged and tracker.converged_at_workflows == 16 and tracker.converged_at_samples == 64
     assert tracker.distance is not None and tracker.distance > 0.1
-    assert tracker.converged and tracker.converged_at_samples == 16
+    assert tracker.converged and tracker.converged_at_workflows == 16
 
 
 def test_convergence_gates_on_service_times_of_agents_with_5_percent_of_calls() -> None:

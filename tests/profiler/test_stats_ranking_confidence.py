@@ -68,26 +68,26 @@ def test_wasserstein_distance() -> None:
     assert wasserstein([0.0], [2.0, 4.0]) == pytest.approx(3.0)
 
 
-def test_convergence_is_checked_at_doublings_and_records_the_workflow_count() -> None:
+def test_convergence_is_checked_at_doublings_of_workflows_and_records_them() -> None:
     rng = np.random.default_rng(4)
     tracker = ConvergenceTracker(threshold=0.1)
-    window: list[float] = []
     checks: list[tuple[int, float | None]] = []
-    for n in range(1, 300):
-        window.append(float(rng.lognormal(5, 0.5)))
+    for workflow in range(1, 300):
+        for _ in range(3):
+            tracker.add(float(rng.lognormal(5, 0.5)), workflow)
         before = tracker.next_check
-        tracker.observe(window, n, workflows=n // 3)
+        tracker.check(workflow)
         if tracker.next_check != before:
-            checks.append((n, tracker.distance))
+            checks.append((workflow, tracker.distance))
     assert [n for n, _ in checks] == [8, 16, 32, 64, 128, 256]
     assert checks[0][1] is None  # nothing to compare with at the first checkpoint
-    assert tracker.converged
-    assert tracker.converged_at_samples in (16, 32, 64, 128, 256)
-    assert tracker.converged_at_workflows == tracker.converged_at_samples // 3
+    assert tracker.converged and tracker.converged_at_workflows in (16, 32, 64, 128, 256)
+    assert tracker.converged_at_samples == 3 * tracker.converged_at_workflows
+    assert tracker.upper is not None and tracker.distance is not None and tracker.upper >= tracker.distance
     drifting = ConvergenceTracker(threshold=0.1)
-    values = [float(v) for v in np.arange(1, 300)]  # keeps growing: never converges
-    for n in range(1, 300):
-        drifting.observe(values[:n], n, n)
+    for workflow in range(1, 300):
+        drifting.add(float(workflow), workflow)  # keeps growing: never converges
+        drifting.check(workflow)
     assert not drifting.converged and drifting.distance is not None and drifting.distance > 0.1
 
 

@@ -28,13 +28,23 @@ from clairvoyant.workloads.program import CallTemplate, TemplateSegment, Workflo
 logger = logging.getLogger(__name__)
 
 
-def _rows(path: str, run_column: str) -> list[dict[str, str]]:
-    """The CSV's rows, each with ``_where`` ("<file> line N, <run column> X") for error messages."""
+def _rows(path: str, run_column: str, columns: Sequence[str]) -> list[dict[str, str]]:
+    """The CSV's rows, each with ``_where`` ("<file> line N, <run column> X") for error messages.
+    ``TraceFormatError`` when the file has no header, the header lacks one of ``columns``, or a
+    row's ``run_column`` is blank."""
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
+        header = reader.fieldnames
+        if header is None:
+            raise TraceFormatError(f"{path} is empty: expected a header with {', '.join(columns)}")
+        missing = [c for c in columns if c not in header]
+        if missing:
+            raise TraceFormatError(f"{path} line 1: the header lacks {', '.join(missing)}")
         rows = []
         for row in reader:
             row["_where"] = f"{path} line {reader.line_num}, {run_column} {row.get(run_column)!r}"
+            if not (row.get(run_column) or "").strip():
+                raise TraceFormatError(f"{row['_where']}: {run_column} is blank")
             rows.append(row)
     return rows
 
@@ -51,6 +61,51 @@ def _int(row: dict[str, str], column: str, blank: int | None = None) -> int:
         return int(float(value)) if "." in value else int(value)
     except ValueError:
         raise TraceFormatError(f"{row['_where']}: {column} is {value!r}, expected an integer") from None
+
+
+def _float(row: dict[str, str], column: str) -> float | None:
+    """``row[column]`` as a number, None for an empty cell; ``TraceFormatError`` naming the file,
+    line and run for anything else that is not a finite number."""
+    value = row.get(column)
+    if value is None:
+        raise TraceFormatError(f"{row['_where']}: no {column!r} column")
+    if value.strip() == "":
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    if not np.isfinite(number):
+        raise TraceFormatError(f"{row['_where']}: {column} is {value!r}, expected a number")
+    return number
+
+
+class _Fallbacks:
+    """Counts the rows of one file whose blank cell was replaced by a default, and says so once."""
+
+    def __init__(self, workload: str, path: str) -> None:
+        self.workload = workload
+        self.path = path
+        self.blank: dict[str, int] = defaultdict(int)
+
+    def number(self, row: dict[str, str], column: str, default: float) -> float:
+        value = _float(row, column)
+        if value is None:
+            self.blank[column] += 1
+            return default
+        return value
+
+    def integer(self, row: dict[str, str], column: str, default: int) -> int:
+        if (row.get(column) or "").strip() == "" and column in row:
+            self.blank[column] += 1
+        return _int(row, column, default)
+
+    def warn(self, rows: int, defaults: Mapping[str, object]) -> None:
+        for column, count in sorted(self.blank.items()):
+            logger.warning(
+                "%s: %d of %d rows of %s have a blank %s; taken as %s",
+                self.workload, count, rows, self.path, column, defaults[column],
+            )  # fmt: skip
 
 
 def _no_runs(workload: str, path: Path) -> TraceFormatError:
@@ -135,6 +190,10 @@ CHATDEV_CALLS = "chatdev_warehouse/calls.csv"
 # role description of RoleConfig.json, about 130 tokens as printed in raw/*.log; the customer's task
 # follows it, so everything after is new to each run.
 CHATDEV_ROLE_PROMPT_TOKENS = 130
+CHATDEV_COLUMNS = (
+    "session", "call_idx", "t_rel_s", "latency_s", "prompt_tokens", "completion_tokens",
+    "phase_name", "assistant_role", "speaker", "model_type",
+)  # fmt: skip
 # model_type column -> alias; rows with None or empty use ChatDev's default, GPT_3_5_TURBO.
 _CHATDEV_MODEL_TYPES = {"ModelType.GPT_4": "gpt-4"}
 CHATDEV_MODELS = {"gpt-3.5-turbo": "llama-3.1-8b", "gpt-4": "llama-3.1-70b"}
@@ -157,16 +216,19 @@ def chatdev(data_dir: Path | None = None, max_tool_latency_s: float | None = Non
 @lru_cache(maxsize=4)
 def load_chatdev_runs(path: str) -> tuple[TraceRun, ...]:
     sessions: dict[str, list[dict[str, str]]] = defaultdict(list)
-    for row in _rows(path, "session"):
+    all_rows = _rows(path, "session", CHATDEV_COLUMNS)
+    for row in all_rows:
         sessions[row["session"]].append(row)
+    fallbacks = _Fallbacks("chatdev", path)
     runs = []
     for session, rows in sorted(sessions.items()):
         rows.sort(key=lambda r: _int(r, "call_idx"))
-        runs.append(TraceRun(session, tuple(_chatdev_calls(rows))))
+        runs.append(TraceRun(session, tuple(_chatdev_calls(rows, fallbacks))))
+    fallbacks.warn(len(all_rows), {"t_rel_s": "unknown (no gap)", "latency_s": "unknown (no gap)"})
     return tuple(runs)
 
 
-def _chatdev_calls(rows: list[dict[str, str]]) -> list[CallTemplate]:
+def _chatdev_calls(rows: list[dict[str, str]], fallbacks: _Fallbacks) -> list[CallTemplate]:
     calls: list[CallTemplate] = []
     for k, row in enumerate(rows):
         agent = _snake(row["speaker"] or row["assistant_role"] or "chatdev_agent")
@@ -191,9 +253,15 @@ def _chatdev_calls(rows: list[dict[str, str]]) -> list[CallTemplate]:
         tool, gap = None, 0.0
         if k + 1 < len(rows):
             after = rows[k + 1]
-            if after["t_rel_s"] and after["latency_s"] and row["t_rel_s"]:
+            received, latency = _float(after, "t_rel_s"), _float(after, "latency_s")
+            previous_received = _float(row, "t_rel_s")
+            if received is None or latency is None or previous_received is None:
+                for column, value in (("t_rel_s", received), ("latency_s", latency)):
+                    if value is None:
+                        fallbacks.blank[column] += 1
+            else:
                 # t_rel_s is the receive time; send = receive - latency (1-second resolution).
-                gap = max(0.0, float(after["t_rel_s"]) - float(after["latency_s"]) - float(row["t_rel_s"]))
+                gap = max(0.0, received - latency - previous_received)
             if gap > 0:
                 tool = "executor" if after["phase_name"].startswith("Test") else "framework"
         model = _CHATDEV_MODEL_TYPES.get(row["model_type"], "gpt-3.5-turbo")
@@ -214,6 +282,11 @@ WEKA_BLOCK_TOKENS = 64  # block_size of the hash_ids (raw/trace_*.json)
 # sub-agent entries of raw/trace_*.json tool_tokens is 7401-7771 and system_tokens 733-2304, mostly
 # 7401 + ~1015, so ~8400 tokens.  The main agent's come per session from traces_summary.csv.
 WEKA_SUBAGENT_SYSTEM_TOKENS = 8_400
+WEKA_COLUMNS = (
+    "trace_id", "agent_id", "agent_type", "seq", "t_abs_s", "in_tokens", "out_tokens",
+    "think_time_s", "api_time_s", "model", "input_types", "lcp_prev_blocks",
+)  # fmt: skip
+WEKA_SUMMARY_COLUMNS = ("trace_id", "tool_tokens", "system_tokens")
 CLAUDE_MODELS = {
     "claude-opus": "llama-3.1-70b",
     "claude-sonnet": "llama-3.1-70b",
@@ -244,10 +317,16 @@ def _claude_alias(model: str) -> str:
 @lru_cache(maxsize=4)
 def load_claude_code_runs(calls_path: str, summary_path: str) -> tuple[TraceRun, ...]:
     system: dict[str, int] = {}
-    for row in _rows(summary_path, "trace_id"):
-        system[row["trace_id"]] = _int(row, "system_tokens", 0) + _int(row, "tool_tokens", 0)
+    summary = _rows(summary_path, "trace_id", WEKA_SUMMARY_COLUMNS)
+    summary_fallbacks = _Fallbacks("claude_code", summary_path)
+    for row in summary:
+        system_tokens = summary_fallbacks.integer(row, "system_tokens", 0)
+        system[row["trace_id"]] = system_tokens + summary_fallbacks.integer(row, "tool_tokens", 0)
+    summary_fallbacks.warn(len(summary), {"system_tokens": 0, "tool_tokens": 0})
     traces: dict[str, list[dict[str, str]]] = defaultdict(list)
-    for row in _rows(calls_path, "trace_id"):
+    all_rows = _rows(calls_path, "trace_id", WEKA_COLUMNS)
+    for row in all_rows:
+        _float(row, "think_time_s"), _float(row, "api_time_s")  # garbage fails even where unused
         traces[row["trace_id"]].append(row)
     missing = sorted(set(traces) - set(system))
     if missing:
@@ -255,13 +334,20 @@ def load_claude_code_runs(calls_path: str, summary_path: str) -> tuple[TraceRun,
             "claude_code: %d of %d sessions have no row in %s (e.g. %s); their main agent gets %d system tokens",
             len(missing), len(traces), summary_path, missing[0], WEKA_SUBAGENT_SYSTEM_TOKENS,
         )  # fmt: skip
-    return tuple(
-        TraceRun(trace_id, tuple(_claude_calls(rows, system.get(trace_id, WEKA_SUBAGENT_SYSTEM_TOKENS))))
+    fallbacks = _Fallbacks("claude_code", calls_path)
+    runs = tuple(
+        TraceRun(
+            trace_id, tuple(_claude_calls(rows, system.get(trace_id, WEKA_SUBAGENT_SYSTEM_TOKENS), fallbacks))
+        )
         for trace_id, rows in sorted(traces.items())
     )
+    fallbacks.warn(len(all_rows), {"think_time_s": "0 s", "api_time_s": "0 s"})
+    return runs
 
 
-def _claude_calls(rows: list[dict[str, str]], main_system_tokens: int) -> list[CallTemplate]:
+def _claude_calls(
+    rows: list[dict[str, str]], main_system_tokens: int, fallbacks: _Fallbacks
+) -> list[CallTemplate]:
     """One session.  Each agent stream (main, or one sub-agent) is a chain; a sub-agent starts from
     the last main call issued before it, and the first main call issued after the sub-agent's last
     call ended (1 s slack: the trace has 1 s resolution) joins it."""
@@ -271,9 +357,12 @@ def _claude_calls(rows: list[dict[str, str]], main_system_tokens: int) -> list[C
     position: dict[tuple[str, int], int] = {}
     for agent_id, stream in streams.items():
         stream.sort(key=lambda r: _int(r, "seq"))
-        position.update({(agent_id, _int(r, "seq")): i for i, r in enumerate(stream)})
+        for i, r in enumerate(stream):
+            if (agent_id, _int(r, "seq")) in position:
+                raise TraceFormatError(f"{r['_where']}: agent {agent_id!r} has seq {r['seq']} twice")
+            position[(agent_id, _int(r, "seq"))] = i
     # Emission order: by start time, main before a sub-agent starting in the same second.
-    order = sorted((float(r["t_abs_s"]), r["agent_id"] != "main", _int(r, "seq"), r["agent_id"]) for r in rows)
+    order = sorted((_start(r), r["agent_id"] != "main", _int(r, "seq"), r["agent_id"]) for r in rows)
     calls: list[CallTemplate] = []
     last_in_stream: dict[str, int] = {}  # agent_id -> index of its latest emitted call
     last_main: int | None = None
@@ -297,7 +386,7 @@ def _claude_calls(rows: list[dict[str, str]], main_system_tokens: int) -> list[C
         tool, gap = None, 0.0
         if at + 1 < len(stream):
             after = stream[at + 1]
-            gap = float(after["think_time_s"] or 0.0)
+            gap = fallbacks.number(after, "think_time_s", 0.0)
             tool = "user" if after["input_types"] == "text" else "tool"
         here = len(calls)
         calls.append(
@@ -313,10 +402,17 @@ def _claude_calls(rows: list[dict[str, str]], main_system_tokens: int) -> list[C
         )
         last_in_stream[agent_id] = here
         if is_sub and at == len(stream) - 1:
-            sub_ends.append((t + float(row["api_time_s"] or 0.0), here))
+            sub_ends.append((t + fallbacks.number(row, "api_time_s", 0.0), here))
         if not is_sub:
             last_main = here
     return calls
+
+
+def _start(row: dict[str, str]) -> float:
+    start = _float(row, "t_abs_s")
+    if start is None:
+        raise TraceFormatError(f"{row['_where']}: t_abs_s is blank, expected a number")
+    return start
 
 
 def _claude_prompt(

@@ -54,6 +54,7 @@ class ProfilerServicer(profiler_pb2_grpc.ProfilerServicer):
                 workflow_id=meta.workflow_id or None,
                 prompt_tokens=request.prompt_tokens or None,
                 now=request.arrival_time or time.time(),
+                model=request.model or None,
             )
         except Exception:  # a prediction bug must not fail the request it was meant to help
             logger.exception("annotating %s failed", request.request_id)

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
+import numpy as np
+
 from clairvoyant.profiler.core.agent_names import AgentNames
 from clairvoyant.profiler.core.automaton import TransitionAutomaton
 from clairvoyant.profiler.core.confidence import (
@@ -154,9 +156,13 @@ class WorkflowProfile:
         self.since_synthesis += 1
         self.traces.append(trace.steps)
         self.automaton.add(trace.steps)
+        path_errors = self._path_errors(trace, positions)  # before the statistics learn from it
         self.stats.observe(trace, self.instances)
         self.priors.observe(trace)
-        self._score_remaining(trace, positions, self.remaining.observe(trace))
+        work_errors = self.remaining.observe(trace)
+        if path_errors and work_errors:  # only instances both predicted: like is compared with like
+            self.path_errors.extend(path_errors)
+            self.work_errors.extend(work_errors)
         accepted = self.model.accepts(trace.steps) if self.model is not None else None
         # Every resynthesize_every instances, stretched to an eighth of those seen once there are
         # many: a synthesis over the 500-trace window costs ~100 ms.
@@ -168,35 +174,32 @@ class WorkflowProfile:
         if self._tables is None or self.since_tables >= self.config.tables_every:
             self.refresh_tables()
 
-    def _score_remaining(
-        self, trace: WorkflowTrace, positions: Sequence[Position] | None, work_errors: Sequence[float]
-    ) -> None:
-        """Score the two remaining-time predictors on a closed instance, each with the fit in force
-        before it: |log(1 + predicted) - log(1 + actual)| per call, for the path model from the
-        positions after each step (``positions``), for the remaining-work model as it learned
-        (``work_errors``).  Only instances both predicted count, so the windows compare like with
-        like; ``remaining_time_source`` serves the lower mean."""
-        tables = self._tables
-        if not work_errors or positions is None or self.model is None or tables is None:
-            return
-        if tables.time_values is None or len(positions) != len(trace.calls) + 1:
-            return
-        end = trace.end
+    def _path_errors(self, trace: WorkflowTrace, positions: Sequence[Position] | None) -> list[float]:
+        """The path model's held-out errors on a closed instance, |log(1 + predicted) - log(1 +
+        actual)| per call, from the positions after each step (``positions``) and the agents'
+        mean service times and gaps before it (computed here, not from the annotation tables, so
+        that a profile's state never depends on when its tables were rebuilt).  The remaining-work
+        model scores itself the same way as it learns; ``remaining_time_source`` compares them."""
+        if positions is None or self.model is None or len(positions) != len(trace.calls) + 1:
+            return []
+        service = {a: float(np.mean(s.service_s)) for a, s in self.agents.items() if s.service_s}
+        gaps = {a: float(np.mean(s.gap_after_s)) for a, s in self.agents.items() if s.gap_after_s}
+        if not service:
+            return []
+        time_values = self.model.time_values(service, gaps)
+        end, errors = trace.end, []
         for i, group in enumerate(trace.calls):
-            after = self.model.expected_remaining(positions[i + 1], time_values=tables.time_values).time_s or 0.0
+            after = self.model.expected_remaining(positions[i + 1], time_values=time_values).time_s or 0.0
             for call in group:
                 # the path model's time starts at the next step: add the agent's mean gap before it
-                summary = tables.summaries.get(call.agent_id)
-                gap = summary.gap_after_s.mean if summary is not None and summary.gap_after_s else 0.0
-                predicted = after + gap if i + 1 < len(trace.calls) or after > 0 else 0.0
-                actual = max(end - call.end, 0.0)
-                self.path_errors.append(abs(math.log1p(max(predicted, 0.0)) - math.log1p(actual)))
-        self.work_errors.extend(work_errors)
+                predicted = after + gaps.get(call.agent_id, 0.0) if i + 1 < len(trace.calls) or after > 0 else 0.0
+                errors.append(abs(math.log1p(max(predicted, 0.0)) - math.log1p(max(end - call.end, 0.0))))
+        return errors
 
     @property
     def remaining_time_source(self) -> str:
         """``"work"`` (remaining.py) or ``"path"``: the remaining-time predictor with the lower mean
-        held-out log error over the recent instances both predicted (``_score_remaining``)."""
+        held-out log error over the recent instances both predicted (``_path_errors``)."""
         if not self.work_errors or not self.path_errors:
             return "path"
         work = sum(self.work_errors) / len(self.work_errors)
@@ -226,7 +229,6 @@ class WorkflowProfile:
         self._tables = None
         self.since_tables = 0
         self._annotation_tables()
-        self.remaining.refit()
 
     def _annotation_tables(self) -> AnnotationTables:
         if self._tables is None:
@@ -240,13 +242,15 @@ class WorkflowProfile:
         prompt_tokens: int | None = None,
         history: Sequence[StepLike] | None = None,
         now: float | None = None,
+        model: str | None = None,
     ) -> Annotation:
         """Predictions for a request of ``agent_id`` arriving at ``now`` (on the records' clock;
         default: the instance's latest activity).  The position is ``history`` (steps already
         taken, when given) or what was ingested so far for ``workflow_id``; the remaining time and
         its Gittins index come from the remaining-work model (remaining.py) once it has learned,
         else from the path model.  ``prompt_tokens`` is the request's context, which the
-        remaining-work model reads."""
+        remaining-work model reads; ``model``, the model it will run on, picks the length prior of
+        an agent never seen (priors.py)."""
         agent_id = self.names.lookup(agent_id)  # a name never ingested keeps its own (agent_names.py)
         if not self._seen:
             return Annotation.empty()  # never heard of: the reactive tier
@@ -261,7 +265,7 @@ class WorkflowProfile:
         taken: Sequence[Step] | None = as_steps(history) if history is not None else None
         if taken is None and workflow_id is not None:  # an instance not open yet is at its first step
             taken = instance.trace.steps if instance is not None else ()
-        interval = self.priors.length_interval(agent_id, summary, previous_len, taken)  # priors.py
+        interval = self.priors.length_interval(agent_id, summary, previous_len, taken, model)  # priors.py
         p50, p99 = interval if interval is not None else (None, None)
         tier = self.confidence.tier
         if tier is Tier.SHADOW or self.model is None:

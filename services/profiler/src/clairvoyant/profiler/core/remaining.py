@@ -66,6 +66,7 @@ class RemainingConfig:
     residual_window: int = 4096
     min_agent_residuals: int = 64  # a current agent with fewer shares the common residual pool
     min_instances: int = 8  # closed instances before predictions are made
+    refit_every: int = 8  # closed instances between solves (a state depends only on what it learned)
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +306,10 @@ class RemainingModel:
         self.xty = decay * self.xty + x.T @ y
         self.instances += 1
         self.samples_seen += len(rows)
+        if self.instances % self.config.refit_every == 0 or (
+            self.beta is None and self.instances >= self.config.min_instances
+        ):
+            self.refit()
         return held_out
 
     def _residual_pool(self, agent: str) -> _Residuals:
@@ -412,9 +417,9 @@ def _columns(old_agents: int) -> list[int]:
 
 
 def fit(traces: Iterable[WorkflowTrace], config: RemainingConfig | None = None) -> RemainingModel:
-    """A model learned from ``traces`` in order (each refit after it, as a profile would)."""
+    """A model learned from ``traces`` in order, then solved."""
     model = RemainingModel(config or RemainingConfig())
     for trace in traces:
         model.observe(trace)
-        model.refit()
+    model.refit()
     return model

@@ -3,19 +3,22 @@
 ``LearnedAgentStats`` keeps one agent's samples in sliding windows of the most recent ``MAX_SAMPLES``
 (memory stays bounded and a drifting agent is followed) and summarises them (``AgentSummary``:
 the p50/p99 output-length interval, conditional on the previous call's length for high-CV agents,
-service time, remaining latency, gap after).  ``ConvergenceTracker`` is Kairos' doubling check
-(relative W1 <= ``DEFAULT_CONVERGENCE_THRESHOLD``, first at ``FIRST_CHECK`` samples, latched once
-passed).  ``wasserstein`` is the exact 1-D distance.  The summary of an empty window is None.
+service time, remaining latency, gap after).  ``ConvergenceTracker`` is Kairos' doubling check,
+counted in closed workflows (first at ``FIRST_CHECK``) and passed when the bootstrap upper bound of
+the relative W1 is <= ``DEFAULT_CONVERGENCE_THRESHOLD``; it latches once passed.  ``wasserstein`` is
+the exact 1-D distance.  The summary of an empty window is None.
 What is measured, from which paper, and why convergence latches: docs/profiler.md,
 "Per-agent statistics and convergence".
 """
 
 from __future__ import annotations
 
+import heapq
+import zlib
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -25,7 +28,11 @@ MIN_CORRELATION = 0.5
 MIN_PAIRS = 20
 SKETCH_POINTS = 200
 DEFAULT_CONVERGENCE_THRESHOLD = 0.1
-FIRST_CHECK = 8
+DEFAULT_CONVERGENCE_CONFIDENCE = 0.9
+FIRST_CHECK = 8  # closed workflows
+BOOTSTRAP_REPLICATES = 200
+RESERVOIR = 4096  # samples a tracker holds
+MIN_CLUSTERS = 2  # workflows on each side of a comparison
 
 
 def wasserstein(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> float:
@@ -46,43 +53,132 @@ def wasserstein(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray
 def sketch(values: Sequence[float] | np.ndarray, points: int = SKETCH_POINTS) -> np.ndarray:
     """Quantiles at the midpoints of ``points`` equal-mass cells: a fixed-size stand-in for the
     distribution (W1 between two sketches = mean |difference|)."""
-    grid = (np.arange(points) + 0.5) / points
-    return np.quantile(np.asarray(values, dtype=float), grid)
+    # np.quantile's linear method, written out: it is called ~400 times per convergence check.
+    x = np.sort(np.asarray(values, dtype=float))
+    position = (np.arange(points) + 0.5) / points * (x.size - 1)
+    low = np.floor(position).astype(np.int64)
+    high = np.minimum(low + 1, x.size - 1)
+    return x[low] + (x[high] - x[low]) * (position - low)
+
+
+def relative_distance(before: np.ndarray, now: np.ndarray) -> float:
+    """W1 between the sketches of ``before`` and ``now``, over the mean of ``now`` (0 if that is 0)."""
+    current = sketch(now)
+    scale = float(np.mean(np.abs(current)))
+    return float(np.mean(np.abs(current - sketch(before)))) / scale if scale > 0 else 0.0
+
+
+class Comparison(NamedTuple):
+    """One doubling check: the observed relative W1 and its bootstrap upper bound."""
+
+    distance: float
+    upper: float
+
+
+def compare_halves(
+    values: np.ndarray, workflow_of: np.ndarray, split: int, confidence: float
+) -> Comparison | None:
+    """Relative W1 between the samples of workflows <= ``split`` ("before") and all of them, and the
+    ``confidence`` quantile of the same distance under a stratified cluster bootstrap: workflows (not
+    calls: the calls of one workflow move together) are redrawn with replacement on each side.
+    None when either side has fewer than ``MIN_CLUSTERS`` workflows.  The generator is seeded from
+    the samples, so the same data always gives the same answer.
+    """
+    ids = np.unique(workflow_of)
+    old_ids, new_ids = ids[ids <= split], ids[ids > split]
+    if old_ids.size < MIN_CLUSTERS or new_ids.size < MIN_CLUSTERS:
+        return None
+    order = np.argsort(workflow_of, kind="stable")
+    bounds = np.searchsorted(workflow_of[order], ids)
+    clusters = np.split(values[order], bounds[1:])
+    old, new = clusters[: old_ids.size], clusters[old_ids.size :]
+    observed = relative_distance(np.concatenate(old), values)
+    rng = np.random.default_rng([split, zlib.crc32(values.tobytes())])
+    replicates = np.empty(BOOTSTRAP_REPLICATES)
+    for r in range(BOOTSTRAP_REPLICATES):
+        before = np.concatenate([old[i] for i in rng.integers(0, len(old), len(old))])
+        after = np.concatenate([new[i] for i in rng.integers(0, len(new), len(new))])
+        replicates[r] = relative_distance(before, np.concatenate([before, after]))
+    return Comparison(observed, float(np.quantile(replicates, confidence)))
+
+
+def _priority(workflow: int, seen: int) -> int:
+    """A fixed pseudo-random 53-bit rank for the ``seen``-th sample, from workflow ``workflow``
+    (splitmix64's finaliser: well mixed, and exact as a float)."""
+    mask = (1 << 64) - 1
+    z = (workflow * 0x9E3779B97F4A7C15 + seen + 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return (z ^ (z >> 31)) >> 11
 
 
 @dataclass
 class ConvergenceTracker:
-    """Kairos' doubling check on one distribution."""
+    """Kairos' doubling check on one distribution, counted in closed workflows.
+
+    ``add(value, workflow)`` records a sample of closed workflow number ``workflow`` (1-based);
+    ``check(workflows)`` is called once per closed workflow, after its samples.  At ``FIRST_CHECK``
+    workflows and every doubling after, the samples of the workflows up to the previous check are
+    compared with all of them (``compare_halves``, Kairos' n against 2n); the check passes when the
+    bootstrap upper bound of the relative W1 is at most ``threshold``, so a distance hovering
+    around the threshold does not pass by luck.  A pass latches (docs/profiler.md, "Per-agent
+    statistics and convergence").  The distribution is all samples since the start, held as a
+    uniform sample of at most ``RESERVOIR`` of them: the ones of lowest ``_priority``, a hash of the
+    workflow number and arrival position, so the same stream always keeps the same samples.
+    """
 
     threshold: float = DEFAULT_CONVERGENCE_THRESHOLD
-    next_check: int = FIRST_CHECK
-    previous: list[float] | None = None  # sketch at the last checkpoint
+    confidence: float = DEFAULT_CONVERGENCE_CONFIDENCE
+    next_check: int = FIRST_CHECK  # workflows
+    last_check: int | None = None  # workflows at the previous check
     distance: float | None = None  # relative W1 at the last check
+    upper: float | None = None  # its bootstrap upper bound
     converged: bool = False
-    converged_at_samples: int | None = None
+    converged_at_samples: int | None = None  # samples seen then
     converged_at_workflows: int | None = None
+    seen: int = 0  # samples added
+    # max-heap on priority (stored negated): [-priority, value, workflow]
+    reservoir: list[list[float]] = field(default_factory=list)
 
-    def observe(self, window: Sequence[float], total_seen: int, workflows: int) -> None:
-        """Call after adding samples; ``window`` holds the current samples, ``total_seen`` counts all."""
-        while total_seen >= self.next_check and len(window) > 0:
-            current = sketch(window)
-            if self.previous is not None:
-                scale = float(np.mean(np.abs(current)))
-                w1 = float(np.mean(np.abs(current - np.asarray(self.previous))))
-                self.distance = w1 / scale if scale > 0 else 0.0
-                if self.distance <= self.threshold and not self.converged:
-                    self.converged = True  # latches (module doc)
-                    self.converged_at_samples = total_seen
-                    self.converged_at_workflows = workflows
-            self.previous = [float(v) for v in current]
+    def add(self, value: float, workflow: int) -> None:
+        item = [-float(_priority(workflow, self.seen)), float(value), float(workflow)]
+        self.seen += 1
+        if len(self.reservoir) < RESERVOIR:
+            heapq.heappush(self.reservoir, item)
+        elif item[0] > self.reservoir[0][0]:
+            heapq.heapreplace(self.reservoir, item)
+
+    def check(self, workflows: int) -> None:
+        """Run the check due once ``workflows`` instances have closed, if any."""
+        if workflows < self.next_check:
+            return
+        while self.next_check <= workflows:  # catches up after a restore
             self.next_check *= 2
+        if self.last_check is not None and self.reservoir:
+            held = np.asarray(self.reservoir, dtype=float)
+            result = compare_halves(held[:, 1], held[:, 2].astype(np.int64), self.last_check, self.confidence)
+            if result is not None:
+                self.distance, self.upper = result
+                if result.upper <= self.threshold and not self.converged:
+                    self.converged = True  # latches (class doc)
+                    self.converged_at_samples = self.seen
+                    self.converged_at_workflows = workflows
+        self.last_check = workflows
 
     def to_state(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {**self.__dict__, "reservoir": [list(item) for item in self.reservoir]}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> ConvergenceTracker:
-        return cls(**state)
+        """Also reads states saved when checks were counted in samples (no ``last_check``): their
+        schedule restarts at ``FIRST_CHECK`` workflows and catches up; a pass stays latched."""
+        known = {f.name for f in fields(cls)}
+        tracker = cls(**{k: v for k, v in state.items() if k in known})
+        tracker.reservoir = [list(item) for item in tracker.reservoir]
+        heapq.heapify(tracker.reservoir)
+        if "last_check" not in state:
+            tracker.next_check = FIRST_CHECK
+        return tracker
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,8 +288,14 @@ class LearnedAgentStats:
             self.gap_after_s.append(max(float(gap_after_s), 0.0))
         if previous_output_len is not None:
             self.pairs.append((float(previous_output_len), float(output_len)))
-        self.output_convergence.observe(self.output_len, self.calls, workflows)
-        self.service_convergence.observe(self.service_s, self.calls, workflows)
+        self.output_convergence.add(self.output_len[-1], workflows)
+        self.service_convergence.add(self.service_s[-1], workflows)
+
+    def check_convergence(self, workflows: int) -> None:
+        """Run the convergence checks due once ``workflows`` instances have closed (every agent's,
+        whether or not it took part in the last one)."""
+        self.output_convergence.check(workflows)
+        self.service_convergence.check(workflows)
 
     def summary(self) -> AgentSummary:
         lengths = Summary.of(list(self.output_len))

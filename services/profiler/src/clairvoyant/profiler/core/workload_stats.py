@@ -3,7 +3,7 @@
 ``LearnedWorkloadStats.observe(trace, instance)`` folds one closed trace in: per-agent output lengths,
 service times, remaining latency and gap after (``stats.LearnedAgentStats``), the gaps after each named
 tool, and the workflow's step count and duration (sliding windows of ``max_traces``).
-``converged()`` is Kairos §4.3's test over the agents.  Never raises on a valid trace;
+``converged()`` is Kairos §4.3's test over the agents, checked at doublings of the closed workflows.  Never raises on a valid trace;
 ``to_state``/``from_state`` round-trip through plain lists and dicts.
 """
 
@@ -57,8 +57,13 @@ class LearnedWorkloadStats:
                         gaps.append(max(nxt.start - max(c.end for c in group), 0.0))
         self.steps_per_instance.append(float(len(trace.steps)))
         self.duration_s.append(end - trace.start)
-        self.steps_convergence.observe(self.steps_per_instance, instance, instance)
-        self.duration_convergence.observe(self.duration_s, instance, instance)
+        self.steps_convergence.add(float(len(trace.steps)), instance)
+        self.duration_convergence.add(end - trace.start, instance)
+        # Checks are counted in closed workflows: every agent's, after the whole trace is in.
+        for agent in self.agents.values():
+            agent.check_convergence(instance)
+        self.steps_convergence.check(instance)
+        self.duration_convergence.check(instance)
 
     def converged(self) -> bool:
         """Whether the service-time distribution of every agent that makes at least

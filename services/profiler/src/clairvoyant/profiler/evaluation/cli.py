@@ -1,8 +1,14 @@
-"""``evaluate``: learn a profile from part of a data set and score its predictions on the rest.
+"""``evaluate``: learn a profile from part of a data set and score its predictions on the rest;
+``convergence``: when a profile's distributions converge, seed by seed.
 
     python -m clairvoyant.profiler.evaluation.cli evaluate --data chatdev --out bench/results/profiler-chatdev.json
+    python -m clairvoyant.profiler.evaluation.cli convergence --data chatdev --seeds 0-12
 
-Exit codes: 0 done, 1 the data is missing, 2 a bad command line (argparse's own code), including an
+``convergence`` folds the workflows into ``LearnedWorkloadStats`` in the order ``replay`` closes
+them (by end time), so its ``workflows_to_converge`` is ``evaluate``'s, without the predictions.
+
+Exit codes: 0 done, 1 the data is missing or malformed (one line naming the file, the line, the run
+and the cell; said even with ``--quiet``), 2 a bad command line (argparse's own code), including an
 unknown ``--data``.  See ``replay.py`` for what each metric means and ``data.py`` for the sources.
 """
 
@@ -11,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
@@ -19,7 +26,9 @@ from rich.table import Table
 
 from clairvoyant.profiler.core.confidence import ConfidenceConfig
 from clairvoyant.profiler.core.profile import ProfileConfig
-from clairvoyant.profiler.evaluation.data import DataError, load_workflows, source
+from clairvoyant.profiler.core.trace import build_trace
+from clairvoyant.profiler.core.workload_stats import LearnedWorkloadStats
+from clairvoyant.profiler.evaluation.data import DataError, Workflow, load_workflows, source
 from clairvoyant.profiler.evaluation.replay import replay
 
 
@@ -27,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="clairvoyant.profiler", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     evaluate = commands.add_parser("evaluate", help="offline evaluation on held-out workflows")
-    evaluate.add_argument("--data", required=True, help="chatdev, claude_code or workload:<name>")
+    evaluate.add_argument("--data", required=True, help="chatdev, claude_code, synthetic:per_task_experts or workload:<name>")
     evaluate.add_argument("--holdout", type=float, default=0.3, help="share of workflows held out (last)")
     evaluate.add_argument("--seed", type=int, default=0)
     evaluate.add_argument("--out", type=Path, required=True, help="the JSON report")
@@ -43,12 +52,76 @@ def _parser() -> argparse.ArgumentParser:
         help="serve structure predictions after min_instances even before the distributions converge",
     )
     evaluate.add_argument("--quiet", action="store_true", help="no progress bar or table")
+    convergence = commands.add_parser("convergence", help="workflows to converge for each seed")
+    convergence.add_argument("--data", required=True, help="chatdev, claude_code, synthetic:per_task_experts or workload:<name>")
+    convergence.add_argument("--seeds", type=_seeds, default=list(range(13)), help="e.g. 0-12 or 0,3,7")
+    convergence.add_argument("--limit", type=int, default=None, help="use the first N workflows only")
+    convergence.add_argument("--data-dir", type=Path, default=None, help="the shared data directory")
+    convergence.add_argument("--concurrency", type=float, default=8.0, help="workflows running at once")
+    convergence.add_argument("--out", type=Path, default=None, help="also write the table as JSON")
     return parser
+
+
+def _seeds(text: str) -> list[int]:
+    seeds: list[int] = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        seeds += range(int(first), int(last or first) + 1)
+    return seeds
+
+
+def workflows_to_converge(workflows: Sequence[Workflow], max_traces: int) -> tuple[int | None, int]:
+    """(closed workflows when ``LearnedWorkloadStats.converged()`` first held, None if never;
+    the workflows closed) with the workflows closing in end order, as ``replay`` closes them."""
+    stats = LearnedWorkloadStats(max_traces)
+    order = sorted(range(len(workflows)), key=lambda w: (workflows[w].end, w))
+    for closed, w in enumerate(order, 1):
+        stats.observe(build_trace(workflows[w].workflow_id, (r.call() for r in workflows[w].records)), closed)
+        if stats.converged():
+            return closed, len(order)
+    return None, len(order)
+
+
+def _convergence(args: argparse.Namespace, console: Console) -> int:
+    table = Table(title=f"workflows to converge: {args.data}")
+    for column in ("seed", "workflows", "workflows_to_converge"):
+        table.add_column(column, justify="right")
+    rows = []
+    for seed in args.seeds:
+        workflows = load_workflows(
+            args.data,
+            seed=seed,
+            limit=args.limit,
+            data_dir=args.data_dir,
+            concurrency=args.concurrency,
+            hash_tokens=0,
+        )
+        converged_at, total = workflows_to_converge(workflows, ProfileConfig().max_traces)
+        rows.append({"seed": seed, "workflows": total, "workflows_to_converge": converged_at})
+        table.add_row(str(seed), str(total), str(converged_at))
+    console.print(table)
+    reached = [r["workflows_to_converge"] for r in rows if r["workflows_to_converge"] is not None]
+    spread = max(reached) / min(reached) if reached else None
+    console.print(f"converged on {len(reached)} of {len(rows)} seeds; max / min = {spread}")
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"data": args.data, "seeds": rows, "spread": spread}, indent=2) + "\n")
+    return 0
 
 
 def main(argv: list[str]) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command == "convergence":
+        try:
+            source(args.data)
+        except DataError as exc:
+            parser.error(str(exc))
+        try:
+            return _convergence(args, Console())
+        except DataError as exc:
+            Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+            return 1
     console = Console(stderr=True, quiet=args.quiet)
     if not 0.0 < args.holdout < 1.0:
         parser.error(f"--holdout must be in (0, 1), got {args.holdout}")
@@ -70,7 +143,11 @@ def main(argv: list[str]) -> int:
         Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
         return 1
     if len(workflows) < 2:
-        parser.error(f"--data {args.data} gave {len(workflows)} workflows; at least 2 are needed")
+        if args.limit is not None and args.limit < 2:
+            parser.error(f"--limit {args.limit} gives {len(workflows)} workflows; at least 2 are needed")
+        message = f"--data {args.data} holds {len(workflows)} workflows; at least 2 are needed"
+        Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+        return 1
     events = sum(len(w.records) for w in workflows) * 2
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:

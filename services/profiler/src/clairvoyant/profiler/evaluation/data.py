@@ -11,6 +11,8 @@ Sources (``--data``):
 * ``claude_code`` — the replay of the 710 Claude Code sessions: the ``main`` agent and one
   agent per sub-agent type (``explore``, ``plan``, ``general_purpose``).
 * ``workload:<name>`` — programs generated from a workload spec (``coding_assistant``, ...).
+* ``synthetic:per_task_experts`` — planner -> expert_<k> -> reviewer with 150 expert names, most seen
+  once (``synthetic.py``): agents the profiler has never seen.
 
 Every program is a static DAG (``clairvoyant.workloads``, as the bench's simulator replays them).
 Timing: a call starts when its dependencies and their tools have finished, and takes
@@ -37,6 +39,7 @@ import numpy as np
 
 from clairvoyant.core.blockhash import chain_hashes, sequence_hashes
 from clairvoyant.profiler.core.profile import CallRecord
+from clairvoyant.profiler.evaluation.synthetic import load_per_task_experts
 from clairvoyant.workloads import Call as ProgramCall
 from clairvoyant.workloads import (
     CallSegment,
@@ -153,6 +156,7 @@ def timed_workflows(
                     workflow_end=call.call_id == last,
                     prompt_blocks=prompt_blocks,
                     response_blocks=response_blocks,
+                    model=call.model or None,
                 )
             )
         workflows.append(Workflow(program.workflow_id, tuple(records)))
@@ -166,7 +170,10 @@ def _trace_programs(name: str) -> Callable[[int, int | None, Path | None], list[
     def load(seed: int, limit: int | None, data_dir: Path | None) -> list[WorkflowProgram]:
         try:
             workload = get_workload(name, data_dir=data_dir, max_tool_latency_s=MAX_TOOL_LATENCY_S)
-        except (WorkloadDataError, TraceFormatError) as exc:
+        except WorkloadDataError as exc:
+            given = "" if data_dir is None else " (from --data-dir)"
+            raise DataError(f"{exc}{given}") from exc
+        except TraceFormatError as exc:
             raise DataError(str(exc)) from exc
         assert isinstance(workload, TraceWorkload)
         runs = workload.runs[:limit] if limit is not None else workload.runs
@@ -178,6 +185,7 @@ def _trace_programs(name: str) -> Callable[[int, int | None, Path | None], list[
 SOURCES: dict[str, Callable[[int, int | None, Path | None], list[WorkflowProgram]]] = {
     "chatdev": _trace_programs("chatdev"),
     "claude_code": _trace_programs("claude_code"),
+    "synthetic:per_task_experts": load_per_task_experts,
 }
 DEFAULT_GENERATED = 200
 
@@ -204,7 +212,7 @@ def source(data: str) -> Callable[[int, int | None, Path | None], list[WorkflowP
             f"unknown workload {name!r} in --data {data!r}; workloads: {', '.join(list_workloads())}"
         )
     raise DataError(
-        f"unknown --data {data!r}: use chatdev, claude_code or workload:<name> "
+        f"unknown --data {data!r}: use chatdev, claude_code, synthetic:per_task_experts or workload:<name> "
         "(e.g. workload:coding_assistant)"
     )
 
