@@ -167,3 +167,24 @@ def test_missing_data_under_a_given_directory_names_it_not_the_variable(
     assert evaluate(tmp_path, tmp_path / "x.json", "--quiet") == 1
     err = " ".join(capsys.readouterr().err.split())
     assert f"the data directory given ({tmp_path}) does not hold it" in err and "CV_DATA_DIR" not in err
+
+
+def test_seeds_give_each_report_and_their_spread(tmp_path: Path) -> None:
+    out = tmp_path / "seeds.json"
+    argv = ["evaluate", "--data", "workload:coding_assistant", "--limit", "24", "--seeds", "0-1,3", "--out", str(out)]
+    assert main([*argv, "--jobs", "2", "--quiet"]) == 0
+    report = json.loads(out.read_text())
+    assert report["seeds"] == [0, 1, 3] and [r["seed"] for r in report["runs"]] == [0, 1, 3]
+    coverage = [r["length_interval_coverage"] for r in report["runs"]]
+    spread = report["summary"]["length_interval_coverage"]
+    assert spread["mean"] == pytest.approx(sum(coverage) / 3)
+    assert (spread["min"], spread["max"]) == (min(coverage), max(coverage))
+    oracle = report["summary"]["priority_predictors"]["oracle_path"]
+    assert 0.5 <= oracle["min"] <= oracle["max"] <= 1.0
+    # each seed's replay is the single-seed command's
+    single = tmp_path / "one.json"
+    argv = ["evaluate", "--data", "workload:coding_assistant", "--limit", "24", "--seed", "3"]
+    assert main([*argv, "--out", str(single), "--quiet"]) == 0
+    one = json.loads(single.read_text())
+    assert one["length_interval_coverage"] == report["runs"][2]["length_interval_coverage"]
+    assert one["priority_predictors"] == report["runs"][2]["priority_predictors"]

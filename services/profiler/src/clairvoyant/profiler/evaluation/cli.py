@@ -2,6 +2,7 @@
 ``convergence``: when a profile's distributions converge, seed by seed.
 
     python -m clairvoyant.profiler.evaluation.cli evaluate --data chatdev --out bench/results/profiler-chatdev.json
+    python -m clairvoyant.profiler.evaluation.cli evaluate --data chatdev --seeds 0-12 --out bench/results/profiler-chatdev-seeds.json
     python -m clairvoyant.profiler.evaluation.cli convergence --data chatdev --seeds 0-12
 
 ``convergence`` folds the workflows into ``LearnedWorkloadStats`` in the order ``replay`` closes
@@ -18,7 +19,9 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -38,7 +41,15 @@ def _parser() -> argparse.ArgumentParser:
     evaluate = commands.add_parser("evaluate", help="offline evaluation on held-out workflows")
     evaluate.add_argument("--data", required=True, help="chatdev, claude_code, synthetic:per_task_experts or workload:<name>")
     evaluate.add_argument("--holdout", type=float, default=0.3, help="share of workflows held out (last)")
-    evaluate.add_argument("--seed", type=int, default=0)
+    seeds = evaluate.add_mutually_exclusive_group()
+    seeds.add_argument("--seed", type=int, default=0)
+    seeds.add_argument(
+        "--seeds",
+        type=_seeds,
+        default=None,
+        help="e.g. 0-12: one replay per seed; --out gets every report and their mean, min and max",
+    )
+    evaluate.add_argument("--jobs", type=int, default=1, help="with --seeds: replays run at once")
     evaluate.add_argument("--out", type=Path, required=True, help="the JSON report")
     evaluate.add_argument("--limit", type=int, default=None, help="use the first N workflows only")
     evaluate.add_argument("--data-dir", type=Path, default=None, help="the shared data directory")
@@ -109,6 +120,92 @@ def _convergence(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+SWEPT = (
+    "priority_ordering_accuracy",
+    "priority_ordering_vs_oracle",
+    "length_interval_coverage",
+    "path_acceptance",
+    "next_agent_top1",
+    "workflows_to_converge",
+    "annotate_p99_ms",
+    "ingest_records_per_s",
+)
+
+
+def _one_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """``evaluate``'s report for one seed (no progress bar: seeds run in worker processes)."""
+    workflows = load_workflows(
+        args.data,
+        seed=seed,
+        limit=args.limit,
+        data_dir=args.data_dir,
+        concurrency=args.concurrency,
+        hash_tokens=args.hash_tokens,
+    )
+    if len(workflows) < 2:
+        raise DataError(f"--data {args.data} holds {len(workflows)} workflows; at least 2 are needed")
+    config = ProfileConfig(confidence=ConfidenceConfig(require_convergence=not args.ungated))
+    return {"seed": seed, **replay(workflows, args.holdout, config)}
+
+
+def _spread(values: Sequence[float | None]) -> dict[str, float | int | None]:
+    known = [float(v) for v in values if v is not None]
+    return {
+        "mean": sum(known) / len(known) if known else None,
+        "min": min(known) if known else None,
+        "max": max(known) if known else None,
+        "missing": len(values) - len(known),
+    }
+
+
+def _sweep(args: argparse.Namespace, console: Console) -> int:
+    """``evaluate --seeds``: one replay per seed (``--jobs`` at once), every report in ``--out`` with
+    the mean, min and max of each headline metric and of each ordering predictor."""
+    runs: dict[int, dict[str, Any]] = {}
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    try:
+        with Progress(*columns, console=console, transient=True) as progress:
+            task = progress.add_task(f"{args.data}: {len(args.seeds)} seeds", total=len(args.seeds))
+            with ProcessPoolExecutor(max_workers=min(args.jobs, len(args.seeds))) as pool:
+                futures = {pool.submit(_one_seed, args, seed): seed for seed in args.seeds}
+                for future in as_completed(futures):
+                    runs[futures[future]] = future.result()
+                    progress.advance(task)
+    except DataError as exc:  # said even with --quiet: the run did not happen
+        Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
+        return 1
+    ordered = [runs[seed] for seed in args.seeds]
+    predictors = sorted({name for r in ordered for name in r["priority_predictors"]})
+    summary: dict[str, Any] = {key: _spread([r[key] for r in ordered]) for key in SWEPT}
+    summary["priority_predictors"] = {
+        name: _spread([r["priority_predictors"].get(name) for r in ordered]) for name in predictors
+    }
+    report = {
+        "data": args.data,
+        "holdout": args.holdout,
+        "seeds": args.seeds,
+        "ungated": args.ungated,
+        "summary": summary,
+        "runs": ordered,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    table = Table(title=f"profiler evaluation: {args.data}, seeds {args.seeds[0]}..{args.seeds[-1]}")
+    for column in ("metric", "mean", "min", "max"):
+        table.add_column(column, justify="right" if column != "metric" else "left")
+    rows = [(key, summary[key]) for key in SWEPT] + [
+        (f"ordering by {name}", summary["priority_predictors"][name])
+        for name in predictors
+        if not name.endswith("_cross_agent")
+    ]
+    for key, spread in rows:
+        cells = [f"{spread[k]:.4g}" if spread[k] is not None else "-" for k in ("mean", "min", "max")]
+        table.add_row(key, *cells)
+    console.print(table)
+    console.print(f"wrote {args.out}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -125,10 +222,14 @@ def main(argv: list[str]) -> int:
     console = Console(stderr=True, quiet=args.quiet)
     if not 0.0 < args.holdout < 1.0:
         parser.error(f"--holdout must be in (0, 1), got {args.holdout}")
+    if args.jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
     try:
         source(args.data)
     except DataError as exc:
         parser.error(str(exc))
+    if args.seeds is not None:
+        return _sweep(args, console)
     try:
         with console.status(f"loading {args.data}"):
             workflows = load_workflows(
