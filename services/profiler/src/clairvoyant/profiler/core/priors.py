@@ -191,5 +191,7 @@ class LengthPriors:
 
 def _blend(prior: float, own: float, prior_weight: float) -> float:
     """The weighted mean of two lengths in log(1 + length)."""
+    if prior == own or prior_weight <= 0.0:  # nothing to blend: keep the value exact
+        return own
     value = prior_weight * math.log1p(max(prior, 0.0)) + (1.0 - prior_weight) * math.log1p(max(own, 0.0))
     return math.expm1(value)
