@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from clairvoyant.profiler.core.expr import parse
 from clairvoyant.profiler.core.path_fitting import fit_weights
 from clairvoyant.profiler.core.paths import (
+    MAX_BELIEF_STATES,
     PathModel,
     accepts,
     expected_remaining,
@@ -162,3 +163,17 @@ def test_step_helpers() -> None:
     assert str(Step.of("b", "a")) == "{a, b}"
     with pytest.raises(ValueError):
         Step.of()
+
+
+def test_a_re_anchored_position_keeps_its_most_likely_states_only() -> None:
+    """Off the path, every count of (a){1,200} can emit the step: the belief keeps the
+    MAX_BELIEF_STATES likeliest, renormalised, so queries cost a bounded amount per step."""
+    model = PathModel(parse("b -> (a){1,200} -> c"))
+    position = model.position(["a"])  # b skipped: re-anchored
+    assert not position.on_path
+    assert len(position.belief) == MAX_BELIEF_STATES
+    assert sum(w for _, w in position.belief) == pytest.approx(1.0)
+    weights = [w for _, w in position.belief]
+    assert weights == sorted(weights, reverse=True)
+    nxt = model.future_agents(position)
+    assert [a for a, _ in nxt.agents] == ["a", "c"]

@@ -51,17 +51,18 @@ class TransitionAutomaton:
             automaton.add(steps)
         return automaton
 
-    def add(self, steps: Sequence[Step]) -> None:
+    def add(self, steps: Sequence[Step], count: int = 1) -> None:
+        """Learn ``count`` traces with these steps."""
         labels = trace_labels(steps)
-        self.traces += 1
+        self.traces += count
         for u in set(labels[:-1]):
-            self.visits[u] = self.visits.get(u, 0) + 1
+            self.visits[u] = self.visits.get(u, 0) + count
         for u, v in zip(labels, labels[1:], strict=False):
             row = self.counts.setdefault(u, {})
-            row[v] = row.get(v, 0) + 1
+            row[v] = row.get(v, 0) + count
         for u, v in set(zip(labels, labels[1:], strict=False)):
             row = self.support.setdefault(u, {})
-            row[v] = row.get(v, 0) + 1
+            row[v] = row.get(v, 0) + count
 
     @property
     def states(self) -> list[str]:

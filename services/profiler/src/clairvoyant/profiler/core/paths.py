@@ -30,6 +30,9 @@ from clairvoyant.profiler.core.expr import End, Expr, seq, to_text
 from clairvoyant.profiler.core.path_automaton import Emit, Weights, compile_paths
 from clairvoyant.profiler.core.trace import StepLike, as_step
 
+MAX_BELIEF_STATES = 32  # states a position keeps (the most likely); bounds every query's cost
+FLOW_FROM_STATES = 16  # projecting from more states than this pushes mass over epsilon edges
+
 
 @dataclass(frozen=True, slots=True)
 class Position:
@@ -61,11 +64,17 @@ class PathModel:
         self.automaton = compile_paths(expr, self.weights)
         self.start = self.automaton.start
         self.edges = self.automaton.edges
-        self.closure = self.automaton.closure
+        self.closure = self.automaton.closure  # state -> ((P, edge or -1 for the end), ...)
         self.remaining_steps = self.state_values(lambda edge: 1.0)
         self._visits = self.automaton.edge_visits()
+        self._by_label: dict[
+            int, tuple[dict[str, tuple[tuple[float, int], ...]], tuple[tuple[float, int], ...]]
+        ] = {}
         self._residual_text: dict[int, str] = {}
+        self._edge_presence: list[tuple[tuple[str, float], ...] | None] = [None] * len(self.edges)
+        self._edge_calls: list[tuple[tuple[str, float], ...] | None] = [None] * len(self.edges)
         self._projections: dict[tuple[int, int], tuple[dict[str, float], ...]] = {}  # (state, horizon)
+        self._ranked_projections: dict[tuple[int, int], tuple[dict[str, float], ...]] = {}
 
     # ---------------------------------------------------------------------------- tables
 
@@ -91,9 +100,42 @@ class PathModel:
     def _step(self, belief: Iterable[tuple[int, float]], like: Callable[[Emit], float]) -> dict[int, float]:
         out: dict[int, float] = {}
         for s, w in belief:
-            for p, e in self.closure[s]:
+            for p, e in self.closure(s):
                 if e < 0:
                     continue
+                edge = self.edges[e]
+                lk = like(edge)
+                if lk > 0.0:
+                    out[edge.dst] = out.get(edge.dst, 0.0) + w * p * lk
+        return out
+
+    def _labelled(
+        self, state: int
+    ) -> tuple[dict[str, tuple[tuple[float, int], ...]], tuple[tuple[float, int], ...]]:
+        """``closure(state)`` split into one-call edges by agent id and fan-out edges."""
+        done = self._by_label.get(state)
+        if done is None:
+            agents: dict[str, list[tuple[float, int]]] = {}
+            fans: list[tuple[float, int]] = []
+            for p, e in self.closure(state):
+                if e < 0:
+                    continue
+                if self.edges[e].fan_key:
+                    fans.append((p, e))
+                else:
+                    agents.setdefault(self.edges[e].members[0], []).append((p, e))
+            done = self._by_label[state] = ({a: tuple(v) for a, v in agents.items()}, tuple(fans))
+        return done
+
+    def _step_on(
+        self, belief: Iterable[tuple[int, float]], agent: str | None, like: Callable[[Emit], float]
+    ) -> dict[int, float]:
+        """``_step`` over the edges that can match a step: the one-call edges of ``agent`` (None:
+        none, a parallel step) and the fan-outs; ``like`` decides."""
+        out: dict[int, float] = {}
+        for s, w in belief:
+            agents, fans = self._labelled(s)
+            for p, e in (*agents.get(agent, ()), *fans) if agent is not None else fans:
                 edge = self.edges[e]
                 lk = like(edge)
                 if lk > 0.0:
@@ -106,8 +148,7 @@ class PathModel:
         mass = sum(new.values())
         if mass <= 0.0:
             return None, 0.0
-        belief = tuple(sorted(((s, w / mass) for s, w in new.items()), key=lambda sw: -sw[1]))
-        return Position(belief, position.steps + 1, position.on_path), mass
+        return Position(_belief(new), position.steps + 1, position.on_path), mass
 
     def advance(
         self, position: Position, step: StepLike | None = None, *, partial_agent: str | None = None
@@ -115,29 +156,30 @@ class PathModel:
         """The position after one more step: a complete ``step``, or (``partial_agent``) a step
         still in progress of which one call, by that agent, is known."""
         if partial_agent is not None:
-            agent = partial_agent
+            agent: str | None = partial_agent
 
             def like(edge: Emit) -> float:
-                return edge.partial_likelihood(agent)
+                return edge.partial_likelihood(partial_agent)
         else:
             observed = as_step(step)  # type: ignore[arg-type]
+            agent = observed.agents[0] if len(observed.agents) == 1 else None
 
             def like(edge: Emit) -> float:
                 return edge.likelihood(observed)
 
-        new = self._step(position.belief, like)
+        new = self._step_on(position.belief, agent, like)
         on_path = position.on_path
         if not new:  # off the expression: re-anchor on the step
             on_path = False
-            for e, edge in enumerate(self.edges):
+            by_agent, fans = self.automaton.edges_by_label()
+            for e in (*by_agent.get(agent, ()), *fans) if agent is not None else fans:
+                edge = self.edges[e]
                 lk = like(edge)
                 if lk > 0.0 and self._visits[e] > 0.0:
                     new[edge.dst] = new.get(edge.dst, 0.0) + self._visits[e] * lk
             if not new:  # an agent the expression never mentions: the position does not move
                 return Position(position.belief, position.steps + 1, False)
-        total = sum(new.values())
-        belief = tuple(sorted(((s, w / total) for s, w in new.items()), key=lambda sw: -sw[1]))
-        return Position(belief, position.steps + 1, on_path)
+        return Position(_belief(new), position.steps + 1, on_path)
 
     def position(self, prefix: Sequence[StepLike], partial_agent: str | None = None) -> Position:
         at = self.start_position()
@@ -151,10 +193,11 @@ class PathModel:
         belief: Iterable[tuple[int, float]] = ((self.start, 1.0),)
         for step in steps:
             observed = as_step(step)
-            belief = self._step(belief, lambda edge, o=observed: edge.likelihood(o)).items()  # type: ignore[misc]
+            agent = observed.agents[0] if len(observed.agents) == 1 else None
+            belief = self._step_on(belief, agent, lambda edge, o=observed: edge.likelihood(o)).items()  # type: ignore[misc]
             if not belief:
                 return False
-        return any(e < 0 for s, _ in belief for _, e in self.closure[s])
+        return any(e < 0 for s, _ in belief for _, e in self.closure(s))
 
     # ---------------------------------------------------------------------------- queries
 
@@ -162,11 +205,11 @@ class PathModel:
         agents: dict[str, float] = {}
         end = 0.0
         for s, w in position.belief:
-            for p, e in self.closure[s]:
+            for p, e in self.closure(s):
                 if e < 0:
                     end += w * p
                     continue
-                for agent, presence in self.edges[e].member_presence().items():
+                for agent, presence in self._presence(e):
                     agents[agent] = agents.get(agent, 0.0) + w * p * presence
         ranked = tuple(
             sorted(((a, min(p, 1.0)) for a, p in agents.items() if p > 0.0), key=lambda ap: (-ap[1], ap[0]))
@@ -201,6 +244,13 @@ class PathModel:
 
         Linear in the belief, so it is the belief-weighted sum of each state's projection,
         which is computed once per (state, horizon) and cached."""
+        if len(position.belief) == 1:  # the common case: one state, its ranked projection kept
+            state = position.belief[0][0]
+            ranked = self._ranked_projections.get((state, horizon))
+            if ranked is None:
+                ranked = tuple(_most_first(calls) for calls in self._state_projection(state, horizon))
+                self._ranked_projections[(state, horizon)] = ranked
+            return [dict(calls) for calls in ranked]
         steps: list[dict[str, float]] = [{} for _ in range(max(horizon, 0))]
         for s, w in position.belief:
             for calls, of_state in zip(steps, self._state_projection(s, horizon), strict=True):
@@ -209,26 +259,65 @@ class PathModel:
         return [_most_first(calls) for calls in steps]
 
     def _state_projection(self, state: int, horizon: int) -> tuple[dict[str, float], ...]:
+        """The projection of one state: from a state with few next steps, each step's calls plus
+        the (kept) projections of their destinations one step shorter, so neighbouring states
+        share the work; from one with many, forward over the frontier (``_next_edges``)."""
+        if horizon <= 0:
+            return ()
         cached = self._projections.get((state, horizon))
         if cached is not None:
             return cached
-        steps: list[dict[str, float]] = []
-        frontier = {state: 1.0}
-        for _ in range(max(horizon, 0)):
-            calls: dict[str, float] = {}
-            nxt: dict[int, float] = {}
-            for s, w in frontier.items():
-                for p, e in self.closure[s]:
-                    if e < 0:
-                        continue
-                    edge = self.edges[e]
-                    for agent, n in edge.expected_calls().items():
-                        calls[agent] = calls.get(agent, 0.0) + w * p * n
-                    nxt[edge.dst] = nxt.get(edge.dst, 0.0) + w * p
-            steps.append(calls)
-            frontier = nxt
+        entries = [(p, e) for p, e in self.closure(state) if e >= 0]
+        steps: list[dict[str, float]] = [{} for _ in range(horizon)]
+        if len(entries) <= FLOW_FROM_STATES:
+            for p, e in entries:
+                for agent, n in self._calls(e):
+                    steps[0][agent] = steps[0].get(agent, 0.0) + p * n
+                for calls, later in zip(
+                    steps[1:], self._state_projection(self.edges[e].dst, horizon - 1), strict=True
+                ):
+                    for agent, n in later.items():
+                        calls[agent] = calls.get(agent, 0.0) + p * n
+        else:
+            frontier = {state: 1.0}
+            for calls in steps:
+                nxt: dict[int, float] = {}
+                for e, w in self._next_edges(frontier):
+                    for agent, n in self._calls(e):
+                        calls[agent] = calls.get(agent, 0.0) + w * n
+                    dst = self.edges[e].dst
+                    nxt[dst] = nxt.get(dst, 0.0) + w
+                frontier = nxt
         projection = self._projections[(state, horizon)] = tuple(steps)
         return projection
+
+    def _next_edges(self, frontier: Mapping[int, float]) -> Iterable[tuple[int, float]]:
+        """(edge, probability mass) of the next step from a weighted set of states.  A few states
+        read their (kept) closures; many, e.g. every option of a loop over alternatives, are
+        pushed through the epsilon edges once (``flow``), which costs the edges rather than
+        states x options."""
+        if len(frontier) > FLOW_FROM_STATES:
+            return self.automaton.flow(frontier)[0].items()
+        masses: dict[int, float] = {}
+        for s, w in frontier.items():
+            for p, e in self.closure(s):
+                if e >= 0:
+                    masses[e] = masses.get(e, 0.0) + w * p
+        return masses.items()
+
+    def _presence(self, edge: int) -> tuple[tuple[str, float], ...]:
+        """``Emit.member_presence`` of an edge, computed once."""
+        found = self._edge_presence[edge]
+        if found is None:
+            found = self._edge_presence[edge] = tuple(self.edges[edge].member_presence().items())
+        return found
+
+    def _calls(self, edge: int) -> tuple[tuple[str, float], ...]:
+        """``Emit.expected_calls`` of an edge, computed once."""
+        found = self._edge_calls[edge]
+        if found is None:
+            found = self._edge_calls[edge] = tuple(self.edges[edge].expected_calls().items())
+        return found
 
     def residual(self, position: Position, min_share: float = 0.05) -> str:
         """The rest of the workflow as expression text: the alternative of the residuals of the
@@ -251,6 +340,15 @@ class PathModel:
             text = "$" if rest is None or isinstance(rest, End) else to_text(rest)
             self._residual_text[state] = text
         return text
+
+
+def _belief(weights: Mapping[int, float]) -> tuple[tuple[int, float], ...]:
+    """The normalised belief, most likely state first, cut to the ``MAX_BELIEF_STATES`` most
+    likely (a prefix that left the expression is re-anchored on every place that can emit its
+    last step, which in an unrolled loop is one state per count)."""
+    ranked = sorted(weights.items(), key=lambda sw: -sw[1])[:MAX_BELIEF_STATES]
+    total = sum(w for _, w in ranked)
+    return tuple((s, w / total) for s, w in ranked)
 
 
 def _most_first(calls: Mapping[str, float]) -> dict[str, float]:

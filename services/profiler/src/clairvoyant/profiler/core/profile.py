@@ -33,6 +33,7 @@ from clairvoyant.profiler.core.confidence import (
 )
 from clairvoyant.profiler.core.expr import parse, to_text
 from clairvoyant.profiler.core.open_instance import OpenInstance
+from clairvoyant.profiler.core.path_fitting import DerivationCache
 from clairvoyant.profiler.core.paths import PathModel, Position
 from clairvoyant.profiler.core.prediction import AnnotationTables, positions_after, predict_structure
 from clairvoyant.profiler.core.priors import LengthPriors
@@ -51,7 +52,6 @@ from clairvoyant.profiler.core.synthesis import synthesize
 from clairvoyant.profiler.core.templates import AgentTemplate, ChainStore, TemplateLearner
 from clairvoyant.profiler.core.trace import Step, StepLike, WorkflowTrace, as_steps
 from clairvoyant.profiler.core.workload_stats import LearnedWorkloadStats
-
 
 SCORE_EVERY = 2  # closed instances between scorings of the remaining-time predictors
 
@@ -84,6 +84,8 @@ class WorkflowProfile:
         self.templates = TemplateLearner(self.config.templates)
         self.priors = LengthPriors(self.config.priors)
         self.remaining = RemainingModel(self.config.remaining)
+        # derivations kept across re-learnings, per profile (path_fitting.py)
+        self._derivations = DerivationCache(max_expressions=2, max_shapes=2 * self.config.max_traces)
         self.path_errors: deque[float] = deque(maxlen=self.config.remaining.residual_window)
         self.work_errors: deque[float] = deque(maxlen=self.config.remaining.residual_window)
 
@@ -215,7 +217,7 @@ class WorkflowProfile:
     def resynthesize(self) -> None:
         if not self.traces:
             return
-        result = synthesize(list(self.traces), None, self.config.synthesis)
+        result = synthesize(list(self.traces), None, self.config.synthesis, cache=self._derivations)
         self.model = PathModel(result.expr, result.weights)
         self.acceptance = result.acceptance
         self.structured = result.structured

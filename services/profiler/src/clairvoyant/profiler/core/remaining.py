@@ -354,17 +354,18 @@ class RemainingModel:
         x = self.features(progress)
         if x.shape[0] != self.beta.shape[0]:  # agents registered since the last fit
             return None
-        log_seconds, log_steps = (float(v) for v in x @ self.beta)
+        # clamped: exp() of the extremes would overflow, or underflow to a zero scale
+        log_seconds, log_steps = (min(max(float(v), -50.0), 50.0) for v in x @ self.beta)
         pool = self.residuals.get(progress.agent)
         if pool is None or pool.index is None or len(pool.values) < self.config.min_agent_residuals:
             pool = self.residuals.get("")
         index = pool.index if pool is not None else None
         median_residual = pool.median if pool is not None else 0.0
-        scale = math.exp(min(log_seconds, 50.0))
+        scale = math.exp(log_seconds)
         return RemainingPrediction(
             mean_s=max(scale * self.smearing[0] - 1.0, 0.0),
             median_s=max(math.exp(min(log_seconds + median_residual, 50.0)) - 1.0, 0.0),
-            steps=max(math.exp(min(log_steps, 50.0)) * self.smearing[1] - 1.0, 0.0),
+            steps=max(math.exp(log_steps) * self.smearing[1] - 1.0, 0.0),
             gittins=(index if index is not None else 1.0) / scale,
         )
 

@@ -3,8 +3,12 @@
 ``synthesize(traces)`` returns a ``SynthesisResult``: the expression, its fitted choice
 probabilities, the share of *all* the traces it accepts, and whether it is structured or the
 generic bounded alternation loop over every step kind (the fallback when no structured expression
-accepts ``min_acceptance`` of them).  Raises ``ValueError`` when given no trace.  The algorithm (dominant traces, tokens, loops, sequence/alternatives/optionals,
-dominant-percentile bounds, check and fallback): docs/profiler.md, "Synthesis".
+accepts ``min_acceptance`` of them), with what it cost in operations.  Raises ``ValueError`` when
+given no trace.  Identical traces are handled once, and derivations are kept across calls in a
+``path_fitting.DerivationCache`` (a pure memo), so a call costs the distinct traces it has not
+derived before under the same expression.  The algorithm (dominant traces, tokens, loops,
+sequence/alternatives/optionals, dominant-percentile bounds, check and fallback):
+docs/profiler.md, "Synthesis"; its cost: "Learning cost".
 """
 
 from __future__ import annotations
@@ -12,12 +16,21 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
+from itertools import groupby
+from operator import attrgetter
 
 from clairvoyant.profiler.core.automaton import DEFAULT_PRUNE_THRESHOLD, TransitionAutomaton, step_label
 from clairvoyant.profiler.core.expr import Agent, Alt, End, Expr, FanOut, Opt, Repeat, alt, seq
 from clairvoyant.profiler.core.path_automaton import MAX_STATES, Weights
-from clairvoyant.profiler.core.path_fitting import fit_weights
-from clairvoyant.profiler.core.paths import PathModel
+from clairvoyant.profiler.core.path_fitting import (
+    DEFAULT_CACHE,
+    DerivationCache,
+    FitWork,
+    Shape,
+    fit,
+    shapes_of,
+)
 from clairvoyant.profiler.core.trace import Step
 
 
@@ -37,6 +50,7 @@ class SynthesisResult:
     acceptance: float  # share of the input traces the expression accepts
     structured: bool  # False: the generic fallback loop
     dominant_traces: int  # traces that used no pruned transition
+    work: FitWork = field(default_factory=FitWork)  # acceptance checks and fitting, in operations
 
 
 def dominant_bounds(values: Sequence[int], tail: float) -> tuple[int, int]:
@@ -118,24 +132,32 @@ class _Synth:
 
     @staticmethod
     def compress(sequence: Sequence[_Tok]) -> list[_Tok]:
+        """Runs of one symbol merged into one token (loop tokens ``#k`` are never merged)."""
         out: list[_Tok] = []
-        for tok in sequence:
-            if out and out[-1].sym == tok.sym and tok.sym not in ("",) and not tok.sym.startswith("#"):
-                last = out[-1]
-                out[-1] = _Tok(
-                    last.sym,
-                    last.run + tok.run,
-                    last.widths + tok.widths,
-                    tuple(sorted({*last.members, *tok.members})),
-                )
+        for sym, group in groupby(sequence, key=attrgetter("sym")):
+            run = list(group)
+            if len(run) == 1 or sym.startswith("#"):
+                out.extend(run)
             else:
-                out.append(tok)
+                out.append(
+                    _Tok(
+                        sym,
+                        sum(t.run for t in run),
+                        tuple(w for t in run for w in t.widths),
+                        tuple(sorted({m for t in run for m in t.members})),
+                    )
+                )
         return out
 
     # ------------------------------------------------------------------------- driver
 
     def synth(self, sequences: Sequence[Sequence[_Tok]]) -> Expr | None:
-        seqs = [self.compress(s) for s in sequences]
+        compressed: dict[int, list[_Tok]] = {}  # identical traces share one token list
+        seqs = []
+        for s in sequences:
+            if id(s) not in compressed:
+                compressed[id(s)] = self.compress(s)
+            seqs.append(compressed[id(s)])
         seqs = self.drop_outliers(seqs)
         for scc in self.sccs(seqs):
             seqs = self.collapse(seqs, scc)
@@ -306,7 +328,7 @@ class _Synth:
         lo, hi = self.bounds([sum(t.run for t in s) for s in segments])
         body = alt(*options)
         hi = min(max(hi, 1), _max_repeat(body))
-        lo = min(lo, hi)
+        lo = min(max(lo, 1), hi)  # segments are never empty: {0,n} would admit an empty run
         return body if (lo, hi) == (1, 1) else Repeat(body, lo, hi)
 
     # ------------------------------------------------------------------- loop-free part
@@ -438,27 +460,37 @@ def _max_repeat(body: Expr) -> int:
     return max(1, MAX_STATES // (2 * size))
 
 
+@lru_cache(maxsize=4096)
 def _token(step: Step) -> _Tok:
     if len(step.agents) == 1:
         return _Tok(step.agents[0])
     return _Tok(step_label(step), 1, (len(step.agents),), tuple(sorted(set(step.agents))))
 
 
-def _acceptance(expr: Expr, traces: Sequence[Sequence[Step]]) -> float:
-    model = PathModel(expr)
-    return sum(model.accepts(t) for t in traces) / len(traces) if traces else 0.0
+def _acceptance(expr: Expr, shapes: Counter[Shape], cache: DerivationCache | None, work: FitWork) -> float:
+    derivations = cache if cache is not None else DEFAULT_CACHE
+    accepted = sum(n for shape, n in shapes.items() if derivations.derive(expr, shape, work) is not None)
+    return accepted / sum(shapes.values()) if shapes else 0.0
 
 
-def generic_expression(traces: Sequence[Sequence[Step]], config: SynthesisConfig = SynthesisConfig()) -> Expr:
+def generic_expression(
+    traces: Sequence[Sequence[Step]],
+    config: SynthesisConfig = SynthesisConfig(),
+    cache: DerivationCache | None = None,
+    work: FitWork | None = None,
+) -> Expr:
     """``(x | y | <z>{m,n} | ...){lo,hi} -> $`` over every step kind; accepts >= fallback_acceptance."""
     synth = _Synth(config)
-    tokens = [[_token(s) for s in t] for t in traces if t]
+    shapes = shapes_of(traces)
+    tokens = [[_token(s) for s in t] for t in shapes if t]
+    counts = [n for t, n in shapes.items() if t]
+    segments = [tokens[i] for i, n in enumerate(counts) for _ in range(n)]
     for tail in (config.bound_tail, 0.0):
         synth.config = SynthesisConfig(config.prune_threshold, tail, config.max_alternatives)
-        loop = synth.generic_loop(tokens)
-        expr = seq(Opt(loop) if any(not t for t in traces) else loop, End())
+        loop = synth.generic_loop(segments)
+        expr = seq(Opt(loop) if any(not t for t in shapes) else loop, End())
         assert expr is not None
-        if tail == 0.0 or _acceptance(expr, traces) >= config.fallback_acceptance:
+        if tail == 0.0 or _acceptance(expr, shapes, cache, work or FitWork()) >= config.fallback_acceptance:
             return expr
     raise AssertionError("unreachable")
 
@@ -467,21 +499,35 @@ def synthesize(
     traces: Sequence[Sequence[Step]],
     automaton: TransitionAutomaton | None = None,
     config: SynthesisConfig = SynthesisConfig(),
+    cache: DerivationCache | None = None,
 ) -> SynthesisResult:
     """Synthesise the bounded path expression of a workflow type from its traces
-    (docs/profiler.md, "Synthesis")."""
-    traces = [tuple(t) for t in traces]
-    if not traces:
+    (docs/profiler.md, "Synthesis").  ``cache`` keeps derivations across calls (default: the
+    module-wide ``path_fitting.DEFAULT_CACHE``)."""
+    keys = [tuple(t) for t in traces]
+    if not keys:
         raise ValueError("synthesis needs at least one trace")
-    automaton = automaton or TransitionAutomaton.from_traces(traces)
+    index: dict[Shape, int] = {}  # distinct traces, first seen first
+    order = [index.setdefault(k, len(index)) for k in keys]
+    shapes = Counter(dict(zip(index, Counter(order).values(), strict=True)))
+    work = FitWork()
+    if automaton is None:
+        automaton = TransitionAutomaton()
+        for shape, n in shapes.items():
+            automaton.add(shape, n)
     pruned = automaton.pruned(config.prune_threshold)
-    dominant = [t for t in traces if pruned.allows(t)] or traces
-    body = _Synth(config).synth([[_token(s) for s in t] for t in dominant])
+    allowed = [pruned.allows(shape) for shape in index]
+    tokens = [[_token(s) for s in shape] for shape in index]
+    dominant = [tokens[i] for i in order if allowed[i]] or [tokens[i] for i in order]
+    body = _Synth(config).synth(dominant)
     expr = seq(body, End())
     assert expr is not None
-    acceptance = _acceptance(expr, traces)
+    acceptance = _acceptance(expr, shapes, cache, work)
     structured = acceptance >= config.min_acceptance
     if not structured:
-        expr = generic_expression(traces, config)
-        acceptance = _acceptance(expr, traces)
-    return SynthesisResult(expr, fit_weights(expr, traces), acceptance, structured, len(dominant))
+        expr = generic_expression(keys, config, cache, work)
+        acceptance = _acceptance(expr, shapes, cache, work)
+    fitted = fit(expr, shapes, cache=cache)
+    work.add(fitted.work)
+    work.traces, work.shapes = len(keys), len(shapes)
+    return SynthesisResult(expr, fitted.weights, acceptance, structured, len(dominant), work)
