@@ -45,7 +45,9 @@ ALL = "all"
 class PriorConfig:
     enabled: bool = True  # False: agents are served from their own samples only
     pseudo_samples: float = 8.0  # k: the prior weighs as much as this many of the agent's samples
-    own_after: int = 64  # samples from which an agent's own interval is served alone
+    # samples from which an agent's own interval is served alone (16: an agent seen that often is
+    # its own evidence; a longer taper pulled a steady agent's p50 toward its neighbours')
+    own_after: int = 16
     min_context_samples: int = 32  # a context with fewer pooled lengths is skipped
     window: int = 1024  # most recent lengths kept per context
     max_contexts: int = 512  # pools kept (least recently fed dropped first)
