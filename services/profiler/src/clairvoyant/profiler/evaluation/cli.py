@@ -93,20 +93,25 @@ def workflows_to_converge(workflows: Sequence[Workflow], max_traces: int) -> tup
     return None, len(order)
 
 
+def _load(args: argparse.Namespace, seed: int, hash_tokens: int) -> list[Workflow]:
+    """The workflows ``--data`` names for ``seed``, as the command line asks for them."""
+    return load_workflows(
+        args.data,
+        seed=seed,
+        limit=args.limit,
+        data_dir=args.data_dir,
+        concurrency=args.concurrency,
+        hash_tokens=hash_tokens,
+    )
+
+
 def _convergence(args: argparse.Namespace, console: Console) -> int:
     table = Table(title=f"workflows to converge: {args.data}")
     for column in ("seed", "workflows", "workflows_to_converge"):
         table.add_column(column, justify="right")
     rows = []
     for seed in args.seeds:
-        workflows = load_workflows(
-            args.data,
-            seed=seed,
-            limit=args.limit,
-            data_dir=args.data_dir,
-            concurrency=args.concurrency,
-            hash_tokens=0,
-        )
+        workflows = _load(args, seed, hash_tokens=0)
         converged_at, total = workflows_to_converge(workflows, ProfileConfig().max_traces)
         rows.append({"seed": seed, "workflows": total, "workflows_to_converge": converged_at})
         table.add_row(str(seed), str(total), str(converged_at))
@@ -134,14 +139,7 @@ SWEPT = (
 
 def _one_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     """``evaluate``'s report for one seed (no progress bar: seeds run in worker processes)."""
-    workflows = load_workflows(
-        args.data,
-        seed=seed,
-        limit=args.limit,
-        data_dir=args.data_dir,
-        concurrency=args.concurrency,
-        hash_tokens=args.hash_tokens,
-    )
+    workflows = _load(args, seed, args.hash_tokens)
     if len(workflows) < 2:
         raise DataError(f"--data {args.data} holds {len(workflows)} workflows; at least 2 are needed")
     config = ProfileConfig(confidence=ConfidenceConfig(require_convergence=not args.ungated))
@@ -232,14 +230,7 @@ def main(argv: list[str]) -> int:
         return _sweep(args, console)
     try:
         with console.status(f"loading {args.data}"):
-            workflows = load_workflows(
-                args.data,
-                seed=args.seed,
-                limit=args.limit,
-                data_dir=args.data_dir,
-                concurrency=args.concurrency,
-                hash_tokens=args.hash_tokens,
-            )
+            workflows = _load(args, args.seed, args.hash_tokens)
     except DataError as exc:  # said even with --quiet: the run did not happen
         Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False, soft_wrap=True)
         return 1
