@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip
 PACKAGES := libs/contracts libs/core libs/policy libs/stack libs/workloads services/gateway services/scheduler services/worker \
             services/profiler services/cachemgr services/autoscaler kernels bench
 
-.PHONY: install run test test-fast proto lint bench clean
+.PHONY: install install-vllm run test test-fast proto lint bench clean
 
 install:
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (Python 3.11 is required)"; exit 1; }
@@ -32,6 +32,10 @@ install:
 	fi
 	$(PIP) install -e 'services/worker[mooncake]' \
 		|| echo "warning: the worker's mooncake extra did not install: the mooncake:// L3 backend and its tests are unavailable"
+
+# Optional: vLLM's CPU build in var/vllm-venv and SmolLM2 as a checkpoint it loads (docs/engines.md).
+install-vllm:
+	PYTHON=$(PYTHON) PROJECT_PY=$(PY) bash deploy/vllm/install.sh
 
 run:
 	$(PY) -m clairvoyant.stack

@@ -81,13 +81,12 @@ async def worker(nats_server: str) -> AsyncIterator[Worker]:
     server = new_server()
     port = server.add_insecure_port("127.0.0.1:0")
     heartbeat = Heartbeat(settings, runner, engine, "127.0.0.1:0", "")
-    worker_pb2_grpc.add_WorkerServicer_to_server(
-        WorkerServicer(WorkerFrontend(runner, engine, WORKER_ID), heartbeat), server
-    )
+    frontend = WorkerFrontend(runner, engine, WORKER_ID)
+    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(frontend, heartbeat), server)
     await server.start()
     bus = EventBus(nats_server, "worker-tiers-test", connect_timeout_s=2.0)
     assert await bus.connect(), f"the test NATS server at {nats_server} is down"
-    await DirectiveSubscriber(engine, WORKER_ID).subscribe(bus)
+    await DirectiveSubscriber(frontend.apply_directives, WORKER_ID).subscribe(bus)
     await publisher.resync_on_request(bus, engine)
     nc = await nats.connect(nats_server)
     batches: list[worker_pb2.KvEventBatch] = []

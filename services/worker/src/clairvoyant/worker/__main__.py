@@ -3,6 +3,8 @@
 Loads the model (``--runner emulated --gpu G --tp N``: a cost model of it on G, see
 docs/costmodel.md), starts the engine thread, the gRPC Worker service (with grpc.health.v1), the
 OpenAI-compatible HTTP endpoint and the stats heartbeat on NATS.  SIGINT/SIGTERM stop it cleanly.
+``--engine vllm`` (or ``CV_ENGINE=vllm``) fronts a vLLM server instead, started by the worker
+(``make install-vllm``); ``sglang`` an SGLang server.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from clairvoyant.worker.app import RUNNERS, WorkerApp
 from clairvoyant.worker.config import WorkerSettings
 from clairvoyant.worker.costmodel.gpus import GPUS
 from clairvoyant.worker.costmodel.models import MODELS
+from clairvoyant.worker.engines.app import ExternalWorkerApp
 
 
 async def serve(settings: WorkerSettings) -> None:
-    worker = WorkerApp(settings)
+    worker: WorkerApp | ExternalWorkerApp
+    worker = WorkerApp(settings) if settings.engine == "clairvoyant" else ExternalWorkerApp(settings)
     await worker.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -45,6 +49,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--grpc-port", type=int)
     parser.add_argument("--http-port", type=int)
     parser.add_argument("--worker-id")
+    parser.add_argument(
+        "--engine", choices=("clairvoyant", "vllm", "sglang"), help="front a vLLM or SGLang server (docs/engines.md)"
+    )
     args = parser.parse_args(argv)
     overrides = {
         "runner": args.runner,
@@ -54,6 +61,7 @@ def main(argv: list[str] | None = None) -> None:
         "worker_grpc_port": args.grpc_port,
         "worker_http_port": args.http_port,
         "worker_id": args.worker_id,
+        "engine": args.engine,
     }
     settings = WorkerSettings(**{k: v for k, v in overrides.items() if v is not None})
     setup_logging("worker", settings.log_level, settings.log_json)

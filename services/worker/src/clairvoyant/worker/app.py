@@ -221,7 +221,7 @@ class WorkerApp:
         if self.kv_events is not None:
             self._tasks.append(asyncio.create_task(self.kv_events.run(self.bus)))
             await self.kv_events.resync_on_request(self.bus, self.engine)
-        await DirectiveSubscriber(self.engine, self.worker_id).subscribe(self.bus)
+        await DirectiveSubscriber(frontend.apply_directives, self.worker_id).subscribe(self.bus)
         logger.info(
             "worker %s serving %s: grpc %s, http %s, %d KV blocks of %d tokens, batch %d",
             self.worker_id, runner.info.name, grpc_address, http_address or "off",

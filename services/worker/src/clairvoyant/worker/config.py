@@ -45,6 +45,20 @@ class WorkerSettings(ServiceSettings):
     l3_prefetch_timeout_base_s: float = Field(2.0, ge=0)
     l3_prefetch_timeout_per_ki_token_s: float = Field(0.1, ge=0)
     kv_events: bool = Field(True, description="publish KV cache events on cv.kv.events.<worker_id>")
+    # A peer engine behind the worker contract (docs/engines.md): the worker fronts its server.
+    engine: Literal["clairvoyant", "vllm", "sglang"] = Field(
+        "clairvoyant", description="clairvoyant: our engine; vllm | sglang: front a co-located server of that engine"
+    )
+    engine_url: str = Field("", description="a running engine server to front; empty: the worker starts one")
+    engine_python: str = Field(
+        "", description="interpreter that starts the engine; empty: var/vllm-venv/bin/python for vllm when present, else this one"
+    )
+    engine_model: str = Field("", description="what the engine loads (HF directory or hub id); empty: model")
+    engine_port: int = Field(0, ge=0, le=65535, description="the started engine's HTTP port; 0 picks a free one")
+    engine_kv_events_port: int = Field(0, ge=0, le=65535, description="port the worker binds for the engine's KV events; 0 picks a free one")
+    engine_args: str = Field("", description="extra command-line arguments for the started engine (shell-quoted)")
+    engine_start_timeout_s: float = Field(600.0, gt=0, description="how long the started engine may take to answer /health")
+    engine_log: str = Field("", description="the started engine's output; empty: var/engines/<worker_id>.log")
 
     @field_validator("l3_url")
     @classmethod

@@ -10,7 +10,7 @@ that tenant's blocks.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from google.protobuf.message import DecodeError
 from nats.aio.msg import Msg
@@ -119,10 +119,13 @@ async def apply_directives(
 class DirectiveSubscriber:
     """Takes ``ApplyDirectivesRequest``s on the worker's directives subject; answers a message
     with a reply subject with an ``ApplyDirectivesResponse`` (``applied`` 0 when refused).
-    Malformed messages are counted and dropped."""
+    Malformed messages are counted and dropped.  ``apply`` checks and applies one batch (a
+    frontend's ``apply_directives``), raising ``DirectiveRejected``."""
 
-    def __init__(self, engine: AsyncEngine, worker_id: str) -> None:
-        self.engine = engine
+    def __init__(
+        self, apply: Callable[[Sequence[cachemgr_pb2.CacheDirective]], Awaitable[int]], worker_id: str
+    ) -> None:
+        self.apply = apply
         self.worker_id = worker_id
         self.subject = directives_subject(worker_id)
 
@@ -138,7 +141,7 @@ class DirectiveSubscriber:
             return
         applied = 0
         try:
-            applied = await apply_directives(self.engine, request.directives, self.worker_id)
+            applied = await self.apply(request.directives)
             DIRECTIVES.labels("nats", "applied").inc()
         except DirectiveRejected as exc:
             DIRECTIVES.labels("nats", "rejected").inc()

@@ -13,7 +13,9 @@ import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
+from clairvoyant.contracts.v1 import cachemgr_pb2
 from clairvoyant.core.context_window import check_context_window
 from clairvoyant.core.errors import InvalidRequest, Unavailable
 from clairvoyant.worker import metrics
@@ -27,9 +29,40 @@ from clairvoyant.worker.core.kv_transfer import (
 )
 from clairvoyant.worker.core.sampling import SamplingParams
 from clairvoyant.worker.core.sequence import Lineage
+from clairvoyant.worker.directives import apply_directives
 from clairvoyant.worker.engine_loop import AsyncEngine
 from clairvoyant.worker.kv_wire import KvLayout
 from clairvoyant.worker.runners.base import CopiesKv, EmulatesKvTransfer, ModelRunner
+
+
+class Frontend(Protocol):
+    """What the edges call: ``WorkerFrontend`` (our engine) and ``engines.frontend.ExternalFrontend``
+    (a peer engine's server).  KV export and import are ``WorkerFrontend``'s alone."""
+
+    @property
+    def worker_id(self) -> str: ...
+    @property
+    def model_name(self) -> str: ...
+    @property
+    def max_model_len(self) -> int: ...
+    async def encode(self, prompt: PromptInput) -> list[int]: ...
+    def default_max_tokens(self, prompt_len: int) -> int: ...
+    def build_request(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        *,
+        priority: float = 0.0,
+        lineage: Lineage | None = None,
+        scheduler_preset: str = "",
+        program_wait_s: float = 0.0,
+        program_service_s: float = 0.0,
+    ) -> EngineRequest: ...
+    def run(self, request: EngineRequest) -> AsyncIterator[RequestOutput]: ...
+    def draining_error(self) -> Unavailable: ...
+    async def hand_back_waiting(self) -> int: ...
+    async def apply_directives(self, messages: Sequence[cachemgr_pb2.CacheDirective]) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -91,6 +124,14 @@ class WorkerFrontend:
             return list(prompt.token_ids)
         raise InvalidRequest("a prompt is required", param="prompt")
 
+    async def encode(self, prompt: PromptInput) -> list[int]:
+        """``tokenize``, as the edges call every frontend (a peer engine's tokenizes over HTTP)."""
+        return self.tokenize(prompt)
+
+    async def apply_directives(self, messages: Sequence[cachemgr_pb2.CacheDirective]) -> int:
+        """Check, then apply a batch (``directives.apply_directives``); raises DirectiveRejected."""
+        return await apply_directives(self.engine, messages, self.worker_id)
+
     def build_request(
         self,
         request_id: str,
@@ -104,19 +145,10 @@ class WorkerFrontend:
         program_service_s: float = 0.0,
     ) -> EngineRequest:
         """Checks the context window, then builds the engine request.  Raises InvalidRequest."""
-        if not prompt_ids:
-            raise InvalidRequest("the prompt is empty after tokenization", param="messages")
-        check_context_window(self.max_model_len, sampling.max_tokens, len(prompt_ids), param="messages")
-        return EngineRequest(
-            request_id=request_id or f"w{next(_counter)}",
-            prompt_token_ids=prompt_ids,
-            sampling=sampling,
-            priority=priority,
-            lineage=lineage,
-            scheduler_preset=scheduler_preset,
-            program_wait_s=program_wait_s,
-            program_service_s=program_service_s,
-        )
+        return new_request(
+            self.max_model_len, request_id, prompt_ids, sampling, priority=priority, lineage=lineage,
+            scheduler_preset=scheduler_preset, program_wait_s=program_wait_s, program_service_s=program_service_s,
+        )  # fmt: skip
 
     def default_max_tokens(self, prompt_len: int) -> int:
         """What an unset max_tokens means: the rest of the context window, or of the KV pool."""
@@ -166,27 +198,61 @@ class WorkerFrontend:
 
     async def run(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         """Stream the request's outputs, recording latency metrics and the final status."""
-        start = time.monotonic()
-        first = True
-        status = "cancelled"
-        try:
-            async for output in self.engine.generate(request):
-                if first and output.new_token_ids:
-                    metrics.TTFT.observe(time.monotonic() - start)
-                    first = False
-                if output.finished:
-                    status = "aborted" if output.finish_reason == "abort" else "ok"
-                yield output
-        except InvalidRequest:
-            status = "rejected"
-            raise
-        except Unavailable:  # handed back by a drain, to be placed elsewhere
-            status = "handed_back"
-            raise
-        except Exception:
-            status = "error"
-            raise
-        finally:
-            metrics.REQUESTS.labels(status).inc()
-            if status == "ok":
-                metrics.E2E.observe(time.monotonic() - start)
+        async for output in observed(self.engine.generate(request)):
+            yield output
+
+
+def new_request(
+    max_model_len: int,
+    request_id: str,
+    prompt_ids: list[int],
+    sampling: SamplingParams,
+    *,
+    priority: float = 0.0,
+    lineage: Lineage | None = None,
+    scheduler_preset: str = "",
+    program_wait_s: float = 0.0,
+    program_service_s: float = 0.0,
+) -> EngineRequest:
+    """Checks the context window, then builds the engine request.  Raises InvalidRequest."""
+    if not prompt_ids:
+        raise InvalidRequest("the prompt is empty after tokenization", param="messages")
+    check_context_window(max_model_len, sampling.max_tokens, len(prompt_ids), param="messages")
+    return EngineRequest(
+        request_id=request_id or f"w{next(_counter)}",
+        prompt_token_ids=prompt_ids,
+        sampling=sampling,
+        priority=priority,
+        lineage=lineage,
+        scheduler_preset=scheduler_preset,
+        program_wait_s=program_wait_s,
+        program_service_s=program_service_s,
+    )
+
+
+async def observed(outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
+    """``outputs``, recording TTFT, end-to-end latency and the request's final status."""
+    start = time.monotonic()
+    first = True
+    status = "cancelled"
+    try:
+        async for output in outputs:
+            if first and output.new_token_ids:
+                metrics.TTFT.observe(time.monotonic() - start)
+                first = False
+            if output.finished:
+                status = "aborted" if output.finish_reason == "abort" else "ok"
+            yield output
+    except InvalidRequest:
+        status = "rejected"
+        raise
+    except Unavailable:  # handed back by a drain, to be placed elsewhere
+        status = "handed_back"
+        raise
+    except Exception:
+        status = "error"
+        raise
+    finally:
+        metrics.REQUESTS.labels(status).inc()
+        if status == "ok":
+            metrics.E2E.observe(time.monotonic() - start)

@@ -17,8 +17,8 @@ from clairvoyant.worker.block_hashes import SequenceHasher
 from clairvoyant.worker.core.kv_transfer import KvTransferError
 from clairvoyant.worker.core.sampling import SamplingParams
 from clairvoyant.worker.core.sequence import Lineage
-from clairvoyant.worker.directives import DirectiveRejected, apply_directives
-from clairvoyant.worker.frontend import PromptInput, WorkerFrontend
+from clairvoyant.worker.directives import DirectiveRejected
+from clairvoyant.worker.frontend import Frontend, PromptInput, WorkerFrontend
 from clairvoyant.worker.heartbeat import Heartbeat
 from clairvoyant.worker.kv_wire import PrefixAssembler
 from clairvoyant.worker.metrics import DIRECTIVES
@@ -60,7 +60,7 @@ def lineage(tenant: str, meta: common_pb2.AppMetadata, request_id: str) -> Linea
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, frontend: WorkerFrontend, heartbeat: Heartbeat) -> None:
+    def __init__(self, frontend: Frontend, heartbeat: Heartbeat) -> None:
         self.frontend = frontend
         self.heartbeat = heartbeat
 
@@ -90,7 +90,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                         f"this worker serves {self.frontend.model_name!r}, not {request.model!r}",
                         param="model",
                     )
-                ids = self.frontend.tokenize(prompt_input(request))
+                ids = await self.frontend.encode(prompt_input(request))
                 sampling = sampling_params(request.sampling, self.frontend.default_max_tokens(len(ids)))
                 engine_request = self.frontend.build_request(
                     request_id,
@@ -154,7 +154,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         """Computes the prompt's KV (one token is sampled and discarded); it stays in the prefix cache."""
         request_id = request.request_id or f"prefill-{uuid.uuid4().hex}"
         try:
-            ids = self.frontend.tokenize(prompt_input(request))
+            ids = await self.frontend.encode(prompt_input(request))
             engine_request = self.frontend.build_request(
                 request_id,
                 ids,
@@ -177,9 +177,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     ) -> worker_pb2.ApplyDirectivesResponse:
         """All the directives or none: the batch is checked before any is applied."""
         try:
-            applied = await apply_directives(
-                self.frontend.engine, request.directives, self.frontend.worker_id
-            )
+            applied = await self.frontend.apply_directives(request.directives)
             DIRECTIVES.labels("grpc", "applied").inc()
             return worker_pb2.ApplyDirectivesResponse(applied=applied)
         except DirectiveRejected as exc:
@@ -194,7 +192,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self, request: worker_pb2.ExportKVRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[worker_pb2.KVChunk]:
         """The cached prefix of the request's tokens, or of its session, one chunk per layer."""
-        frontend = self.frontend
+        frontend = await self._kv_frontend(context)
         if request.model and request.model != frontend.model_name:
             wrong = f"this worker serves {frontend.model_name!r}, not {request.model!r}"
             await abort(context, InvalidRequest(wrong, param="model"))
@@ -217,12 +215,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self, request_iterator: AsyncIterator[worker_pb2.KVChunk], context: grpc.aio.ServicerContext
     ) -> worker_pb2.ImportKVResponse:
         """Collect the whole stream, check it, then cache the prefix: all or nothing."""
-        assembler = PrefixAssembler(self.frontend.kv_layout)
+        frontend = await self._kv_frontend(context)
+        assembler = PrefixAssembler(frontend.kv_layout)
         try:
             async for chunk in request_iterator:
                 assembler.add(chunk)
             prefix = assembler.finish()
-            result = await self.frontend.import_kv(prefix)
+            result = await frontend.import_kv(prefix)
         except ClairvoyantError as err:
             await abort(context, err)
         except KvTransferError as exc:
@@ -234,6 +233,17 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         assert result is not None
         tokens, imported = result
         return worker_pb2.ImportKVResponse(tokens=tokens, imported_tokens=imported)
+
+    async def _kv_frontend(self, context: grpc.aio.ServicerContext) -> WorkerFrontend:
+        """Our own engine's frontend: KV export and import move our engine's blocks, which a peer
+        engine does not expose (UNIMPLEMENTED)."""
+        if not isinstance(self.frontend, WorkerFrontend):
+            engine = self.heartbeat.engine_name
+            await context.abort(
+                grpc.StatusCode.UNIMPLEMENTED, f"KV export and import are not available over {engine}"
+            )
+        assert isinstance(self.frontend, WorkerFrontend)
+        return self.frontend
 
     async def Drain(  # noqa: N802
         self, request: worker_pb2.WorkerDrainRequest, context: grpc.aio.ServicerContext

@@ -9,13 +9,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Protocol
 
 from clairvoyant.contracts.v1 import cachemgr_pb2, worker_pb2
 from clairvoyant.core.bus import EventBus, worker_stats_subject
 from clairvoyant.worker.config import WorkerSettings
 from clairvoyant.worker.core.types import EngineStats
-from clairvoyant.worker.engine_loop import AsyncEngine
-from clairvoyant.worker.runners.base import ModelRunner
+from clairvoyant.worker.runners.base import ModelInfo
 
 logger = logging.getLogger(__name__)
 
@@ -45,9 +45,31 @@ def tier_usage(stats: EngineStats) -> list[worker_pb2.TierUsage]:
     return tiers
 
 
+class HasModelInfo(Protocol):
+    @property
+    def info(self) -> ModelInfo: ...
+
+
+class HasStats(Protocol):
+    def stats(self) -> EngineStats: ...
+
+
 class Heartbeat:
+    """``runner`` names the model; ``engine`` counts (our engine loop, or a peer engine's
+    frontend, whose ``stats`` are its last metrics).  ``engine_name`` and
+    ``unsupported_directives`` describe a peer engine (``engines/``)."""
+
     def __init__(
-        self, settings: WorkerSettings, runner: ModelRunner, engine: AsyncEngine, grpc_address: str, http_address: str
+        self,
+        settings: WorkerSettings,
+        runner: HasModelInfo,
+        engine: HasStats,
+        grpc_address: str,
+        http_address: str,
+        *,
+        engine_name: str = "clairvoyant",
+        unsupported_directives: tuple[str, ...] = (),
+        block_size: int | None = None,
     ) -> None:
         self.settings = settings
         self.worker_id = settings.resolved_worker_id()
@@ -55,6 +77,9 @@ class Heartbeat:
         self.engine = engine
         self.grpc_address = grpc_address
         self.http_address = http_address
+        self.engine_name = engine_name
+        self.unsupported_directives = unsupported_directives
+        self.block_size = block_size or settings.block_size  # the unit of the kv_blocks_* counts
         self.draining = False
         # Generate calls in progress (the gRPC edge adds and removes them): the scheduler releases
         # a placement its worker has not heard of for a while.
@@ -73,7 +98,7 @@ class Heartbeat:
             kv_blocks_used=stats.kv_blocks_used,
             kv_blocks_total=stats.kv_blocks_total,
             kv_blocks_cached=stats.kv_blocks_cached,
-            block_size=self.settings.block_size,
+            block_size=self.block_size,
             max_model_len=self.runner.info.max_model_len,
             preemptions_total=stats.preemptions_total,
             heartbeat_interval_s=self.settings.heartbeat_interval_s,
@@ -81,6 +106,8 @@ class Heartbeat:
             draining=self.draining,
             held=worker_pb2.HeldRequests(request_ids=sorted(self.held_requests)),
             tiers=tier_usage(stats),
+            engine=self.engine_name,
+            unsupported_directives=self.unsupported_directives,
         )
 
     async def run(self, bus: EventBus) -> None:

@@ -139,7 +139,7 @@ def create_app(frontend: WorkerFrontend, heartbeat: Heartbeat) -> FastAPI:
             raise frontend.draining_error()
         if body.model != frontend.model_name:
             raise InvalidRequest(f"this worker serves {frontend.model_name!r}", param="model", code="model_not_found")
-        ids = frontend.tokenize(prompt)
+        ids = await frontend.encode(prompt)
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         try:
             sampling = sampling_params(body, frontend.default_max_tokens(len(ids)))

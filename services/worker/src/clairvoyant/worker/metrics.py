@@ -34,6 +34,11 @@ L3_ERRORS = Gauge("cv_worker_l3_errors_total", "L3 store calls that failed")
 KV_EVENTS_DROPPED = Counter(
     "cv_worker_kv_events_dropped_total", "KV event batches dropped because the publish queue was full"
 )
+KV_EVENTS_UNTRANSLATABLE = Counter(
+    "cv_worker_kv_events_untranslatable_total",
+    "Blocks a peer engine reported that could not be re-hashed (their parent's event was lost)",
+)
+ENGINE_UP = Gauge("cv_worker_engine_up", "1 while the peer engine (vllm, sglang) answers its metrics; 0 while it does not")
 DIRECTIVES = Counter("cv_worker_directives_total", "Cache directive batches by outcome", ["source", "outcome"])
 DIRECTIVE_MESSAGES_INVALID = Counter(
     "cv_worker_directive_messages_invalid_total", "Directive messages on NATS that could not be decoded"

@@ -1,0 +1,311 @@
+"""The whole stack over a real vLLM server (CPU build, SmolLM2-135M-Instruct), driven with the
+official openai SDK: our gateway, scheduler (``plas``) and one worker that fronts vLLM
+(``CV_ENGINE=vllm``) with a single running slot.
+
+Needs ``make install-vllm`` (var/vllm-venv and var/models/smollm2-135m-instruct).  Without it the
+module skips, except under CI, where the install is part of the run and its absence is a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import nats
+import pytest
+from openai import AsyncOpenAI, OpenAI
+
+from clairvoyant.contracts.v1 import cachemgr_pb2, common_pb2, worker_pb2, worker_pb2_grpc
+from clairvoyant.stack import Stack, StackConfig
+from tests.e2e.conftest import records
+
+pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = ROOT / "var/vllm-venv/bin/python"
+CHECKPOINT = ROOT / "var/models/smollm2-135m-instruct"
+MODEL = "smollm2-135m-instruct"
+# Long enough to fill several 32-token vLLM blocks (two of our 16-token blocks each).
+SYSTEM = (
+    "You are the planner of a software team. You read the task, split it into steps, and hand each "
+    "step to the engineer with a short rationale. Keep every answer under three sentences. "
+)
+
+
+def vllm_installed() -> bool:
+    return VLLM_PYTHON.exists() and (CHECKPOINT / "model.safetensors").exists()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    if not vllm_installed():
+        message = f"vLLM is not installed ({VLLM_PYTHON}, {CHECKPOINT}): run make install-vllm"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    var = tmp_path_factory.mktemp("vllm-stack")
+    config = StackConfig.on_free_ports(
+        var,
+        model=MODEL,
+        workers=1,
+        policy="plas",
+        log_dir=var / "logs",
+        worker_env={
+            "CV_ENGINE": "vllm",
+            "CV_ENGINE_PYTHON": str(VLLM_PYTHON),
+            "CV_ENGINE_MODEL": str(CHECKPOINT),
+            "CV_ENGINE_LOG": str(var / "logs" / "vllm.log"),
+            "CV_MAX_NUM_SEQS": "1",
+            "CV_MAX_MODEL_LEN": "2048",
+        },
+    )
+    stack = Stack(config).start(ready_timeout=420)
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+def worker_address(stack: Stack) -> str:
+    return f"127.0.0.1:{stack.config.worker_grpc_base}"
+
+
+async def worker_stats(stack: Stack) -> worker_pb2.WorkerStats:
+    async with grpc.aio.insecure_channel(worker_address(stack)) as channel:
+        return await worker_pb2_grpc.WorkerStub(channel).Stats(worker_pb2.WorkerStatsRequest(), timeout=5)
+
+
+def vllm_metric(url: str, name: str) -> float:
+    """One of vLLM's own Prometheus counters, summed over its label sets."""
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+def chat(stack: Stack) -> OpenAI:
+    return OpenAI(base_url=f"{stack.gateway_url}/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def meta(workflow_id: str, agent_id: str = "planner") -> dict[str, str]:
+    return {"workflow_type_id": "planning", "workflow_id": workflow_id, "agent_id": agent_id}
+
+
+def test_the_worker_reports_vllm_and_what_it_cannot_do(stack: Stack) -> None:
+    stats = asyncio.run(worker_stats(stack))
+    assert stats.engine == "vllm" and stats.model == MODEL
+    assert set(stats.unsupported_directives) == {"drop", "retain", "write_back", "promote"}
+    assert stats.max_batch == 1 and stats.block_size == 32  # vLLM's CPU block, as vLLM reports it
+    assert stats.kv_blocks_total > 0 and stats.http_address.startswith("http://127.0.0.1:")
+    assert vllm_metric(stats.http_address, "vllm:num_requests_running") == 0
+
+
+def test_streamed_completion_and_its_record(stack: Stack) -> None:
+    stream = chat(stack).chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"app_metadata": meta("wf-vllm-stream")},
+    )
+    pieces, finish, usage = [], None, None
+    for chunk in stream:
+        if chunk.choices:
+            pieces.append(chunk.choices[0].delta.content or "")
+            finish = chunk.choices[0].finish_reason or finish
+        usage = chunk.usage or usage
+    text = "".join(pieces)
+    assert "Paris" in text  # SmolLM2 at temperature 0
+    assert len([p for p in pieces if p]) > 1  # streamed in pieces, not one block
+    assert usage is not None and 0 < usage.completion_tokens <= 12
+    (record,) = asyncio.run(records(stack, 1, workflow_id="wf-vllm-stream"))
+    assert record.status == common_pb2.REQUEST_STATUS_OK
+    assert (record.app_metadata.workflow_type_id, record.app_metadata.agent_id) == ("planning", "planner")
+    assert record.worker_id == "worker-1" and record.model == MODEL
+    assert record.output_tokens == usage.completion_tokens and record.prompt_tokens == usage.prompt_tokens
+    assert len(record.prompt_block_hashes) == usage.prompt_tokens // 16
+
+
+def test_second_call_of_a_workflow_hits_vllms_prefix_cache(stack: Stack) -> None:
+    url = asyncio.run(worker_stats(stack)).http_address
+    client = chat(stack)
+    history = [
+        {"role": "system", "content": SYSTEM * 2},
+        {"role": "user", "content": "Task: add a login page."},
+    ]
+    first = client.chat.completions.create(
+        model=MODEL, messages=history, max_tokens=16, temperature=0,
+        extra_body={"app_metadata": meta("wf-vllm-prefix")},
+    )  # fmt: skip
+    hits_before = vllm_metric(url, "vllm:prefix_cache_hits_total")
+    history += [
+        {"role": "assistant", "content": first.choices[0].message.content or ""},
+        {"role": "user", "content": "Now the engineer's step."},
+    ]
+    second = client.chat.completions.create(
+        model=MODEL, messages=history, max_tokens=16, temperature=0,
+        extra_body={"app_metadata": meta("wf-vllm-prefix", "engineer")},
+    )  # fmt: skip
+    hits = vllm_metric(url, "vllm:prefix_cache_hits_total") - hits_before
+    # Every full 32-token block of the first call's prompt is a hit for the second (vLLM's count).
+    assert hits >= (first.usage.prompt_tokens // 32) * 32 >= 64
+    found = asyncio.run(records(stack, 2, workflow_id="wf-vllm-prefix"))
+    second_record = next(r for r in found if r.app_metadata.agent_id == "engineer")
+    assert second_record.cached_tokens == hits
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens
+
+
+def test_kv_events_arrive_on_our_stream_in_our_hashes(stack: Stack) -> None:
+    async def run() -> tuple[list[worker_pb2.KvEventBatch], common_pb2.CompletionRecord]:
+        nc = await nats.connect(stack.nats_url)
+        batches: list[worker_pb2.KvEventBatch] = []
+
+        async def collect(msg: nats.aio.msg.Msg) -> None:
+            batches.append(worker_pb2.KvEventBatch.FromString(msg.data))
+
+        await nc.subscribe("cv.kv.events.worker-1", cb=collect)
+        async with AsyncOpenAI(base_url=f"{stack.gateway_url}/v1", api_key="none", max_retries=0) as client:
+            await client.chat.completions.create(
+                model=MODEL, max_tokens=8, temperature=0,
+                messages=[{"role": "system", "content": "KV events: " + SYSTEM}, {"role": "user", "content": "Go."}],
+                extra_body={"app_metadata": meta("wf-vllm-kv")},
+            )  # fmt: skip
+        (record,) = await records(stack, 1, workflow_id="wf-vllm-kv")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(
+            e.lineage.workflow_id == "wf-vllm-kv" for b in batches for e in b.events
+        ):
+            await asyncio.sleep(0.1)
+        await nc.close()
+        return batches, record
+
+    batches, record = asyncio.run(run())
+    stored = [e for b in batches for e in b.events if e.kind == worker_pb2.KvEvent.STORED]
+    ours = [e for e in stored if e.lineage.workflow_id == "wf-vllm-kv"]
+    assert ours, f"no STORED event of the request among {len(stored)}"
+    assert all(b.worker_id == "worker-1" and b.block_size == 16 for b in batches)
+    sequences = [b.sequence for b in batches]
+    assert sequences == sorted(sequences) and len(set(sequences)) == len(sequences)
+    published = [h for e in ours for h in e.block_hashes]
+    # A prompt vLLM has not seen from its first token: it stores every full 32-token block of the
+    # sequence, which are, as our 16-token hashes, the head of the record's prompt + response chain.
+    chain = [*record.prompt_block_hashes, *record.response_block_hashes]
+    assert published == chain[: len(published)] and len(published) >= (record.prompt_tokens // 32) * 2
+    prompt_blocks = len(record.prompt_block_hashes)
+    assert [h for e in ours if not e.response for h in e.block_hashes] == published[:prompt_blocks]
+    assert all(e.tenant == "default" for e in ours)
+    assert ours[0].lineage.agent_id == "planner" and ours[0].lineage.request_id == record.request_id
+
+
+def test_vllm_serves_higher_priority_first_with_one_slot(stack: Stack) -> None:
+    """The worker's contract: ``base_priority`` (larger first) becomes vLLM's request priority."""
+    url = asyncio.run(worker_stats(stack)).http_address
+
+    async def generate(stub: worker_pb2_grpc.WorkerStub, rid: str, tokens: int, priority: float) -> float:
+        request = worker_pb2.GenerateRequest(
+            request_id=rid, model=MODEL, prompt=f"Count slowly, request {rid}:",
+            sampling=common_pb2.SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True),
+            base_priority=priority,
+        )  # fmt: skip
+        async for reply in stub.Generate(request, timeout=300):
+            if reply.finish_reason:
+                assert reply.usage.completion_tokens == tokens
+        return time.monotonic()
+
+    async def run() -> dict[str, float]:
+        async with grpc.aio.insecure_channel(worker_address(stack)) as channel:
+            stub = worker_pb2_grpc.WorkerStub(channel)
+            first = asyncio.create_task(generate(stub, "prio-a", 160, 0.0))
+            await wait_for(lambda: vllm_metric(url, "vllm:num_requests_running") == 1)
+            low = asyncio.create_task(generate(stub, "prio-low", 8, 0.0))
+            await wait_for(lambda: vllm_metric(url, "vllm:num_requests_waiting") == 1)
+            high = asyncio.create_task(generate(stub, "prio-high", 8, 5.0))
+            ends = await asyncio.gather(first, low, high)
+            return dict(zip(("a", "low", "high"), ends, strict=True))
+
+    ends = asyncio.run(run())
+    assert ends["high"] < ends["low"]  # arrived last, served first
+
+
+def test_the_gateway_path_serves_a_new_program_before_an_old_one(stack: Stack) -> None:
+    """``plas`` ranks a program by the service it has had: with the one slot busy, a call of a
+    program that has run already waits behind a later call of a new program."""
+    url = asyncio.run(worker_stats(stack)).http_address
+
+    async def call(client: AsyncOpenAI, workflow_id: str, tokens: int) -> float:
+        await client.completions.create(
+            model=MODEL, prompt=f"Write a list of fruits for {workflow_id}:", max_tokens=tokens, temperature=0,
+            extra_body={"app_metadata": meta(workflow_id), "ignore_eos": True},
+        )  # fmt: skip
+        return time.monotonic()
+
+    async def run() -> dict[str, float]:
+        async with AsyncOpenAI(
+            base_url=f"{stack.gateway_url}/v1", api_key="none", max_retries=0, timeout=300
+        ) as c:
+            await call(c, "wf-old", 48)  # the old program's service so far
+            busy = asyncio.create_task(call(c, "wf-busy", 160))
+            await wait_for(lambda: vllm_metric(url, "vllm:num_requests_running") == 1)
+            old = asyncio.create_task(call(c, "wf-old", 8))
+            await asyncio.sleep(1.0)
+            new = asyncio.create_task(call(c, "wf-new", 8))
+            ends = await asyncio.gather(busy, old, new)
+            return dict(zip(("busy", "old", "new"), ends, strict=True))
+
+    ends = asyncio.run(run())
+    assert ends["new"] < ends["old"]
+
+
+def test_directives_vllm_cannot_do_are_refused_and_kv_export_is_unimplemented(stack: Stack) -> None:
+    async def run() -> tuple[grpc.StatusCode, str, grpc.StatusCode]:
+        async with grpc.aio.insecure_channel(worker_address(stack)) as channel:
+            stub = worker_pb2_grpc.WorkerStub(channel)
+            drop = cachemgr_pb2.CacheDirective(kind=cachemgr_pb2.DIRECTIVE_KIND_DROP, block_hashes=["1"])
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.ApplyDirectives(worker_pb2.ApplyDirectivesRequest(directives=[drop]), timeout=5)
+            with pytest.raises(grpc.aio.AioRpcError) as export:
+                async for _ in stub.ExportKV(worker_pb2.ExportKVRequest(workflow_id="wf"), timeout=5):
+                    pass
+            return refused.value.code(), refused.value.details() or "", export.value.code()
+
+    refused, details, export = asyncio.run(run())
+    assert refused == grpc.StatusCode.FAILED_PRECONDITION and "drop" in details and "vllm" in details
+    assert export == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_a_pre_prefill_directive_warms_vllms_cache(stack: Stack) -> None:
+    url = asyncio.run(worker_stats(stack)).http_address
+    text = SYSTEM * 3 + "Directive warm-up."
+    ids = httpx.post(f"{url}/tokenize", json={"model": MODEL, "prompt": text}, timeout=10).json()["tokens"]
+
+    async def prefill() -> int:
+        async with grpc.aio.insecure_channel(worker_address(stack)) as channel:
+            directive = cachemgr_pb2.CacheDirective(
+                kind=cachemgr_pb2.DIRECTIVE_KIND_PRE_PREFILL, token_ids=ids
+            )
+            reply = await worker_pb2_grpc.WorkerStub(channel).ApplyDirectives(
+                worker_pb2.ApplyDirectivesRequest(directives=[directive]), timeout=5
+            )
+            return reply.applied
+
+    done = vllm_metric(url, "vllm:request_success_total")
+    assert asyncio.run(prefill()) == 1
+    asyncio.run(wait_for(lambda: vllm_metric(url, "vllm:request_success_total") > done))
+    hits = vllm_metric(url, "vllm:prefix_cache_hits_total")
+    reply = chat(stack).completions.create(model=MODEL, prompt=text, max_tokens=4, temperature=0)
+    assert reply.usage.prompt_tokens == len(ids)
+    # All of the prompt but its last token can come from the cache, in whole 32-token blocks.
+    assert vllm_metric(url, "vllm:prefix_cache_hits_total") - hits == ((len(ids) - 1) // 32) * 32 > 0
+
+
+async def wait_for(condition: object, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met")
+        await asyncio.sleep(0.05)
