@@ -44,7 +44,7 @@ from clairvoyant.worker.metrics import KV_EVENTS_UNTRANSLATABLE
 
 logger = logging.getLogger(__name__)
 
-_MEDIUM_TIERS: dict[str, Tier] = {"GPU": 1, "CPU": 2}
+_MEDIUM_TIERS: dict[str, Tier] = {"GPU": 1, "CPU": 2, "CPU_PINNED": 2}  # vLLM; SGLang names its host tier CPU_PINNED
 
 
 @dataclass(frozen=True)
