@@ -21,6 +21,7 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 
 from clairvoyant.contracts.v1 import cachemgr_pb2, common_pb2, worker_pb2, worker_pb2_grpc
+from clairvoyant.core.bus import KV_RESYNC_SUBJECT
 from clairvoyant.stack import Stack, StackConfig
 from tests.e2e.conftest import records
 
@@ -309,3 +310,36 @@ async def wait_for(condition: object, timeout: float = 60.0) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError("condition not met")
         await asyncio.sleep(0.05)
+
+
+def test_a_resync_is_answered_from_the_mirror_of_vllms_blocks(stack: Stack) -> None:
+    async def run() -> tuple[list[worker_pb2.KvEvent], common_pb2.CompletionRecord]:
+        async with AsyncOpenAI(base_url=f"{stack.gateway_url}/v1", api_key="none", max_retries=0) as client:
+            await client.completions.create(
+                model=MODEL, prompt="Resync: " + SYSTEM, max_tokens=4, temperature=0,
+                extra_body={"app_metadata": meta("wf-vllm-resync")},
+            )  # fmt: skip
+        (record,) = await records(stack, 1, workflow_id="wf-vllm-resync")
+        nc = await nats.connect(stack.nats_url)
+        snapshots: list[worker_pb2.KvEventBatch] = []
+
+        async def collect(msg: nats.aio.msg.Msg) -> None:
+            batch = worker_pb2.KvEventBatch.FromString(msg.data)
+            if batch.events and batch.events[0].kind == worker_pb2.KvEvent.CLEARED:
+                snapshots.append(batch)
+
+        await nc.subscribe("cv.kv.events.worker-1", cb=collect)
+        await nc.publish(KV_RESYNC_SUBJECT, b"worker-1")
+        deadline = time.monotonic() + 10
+        while not snapshots and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await nc.close()
+        assert snapshots, "no snapshot after a resync request"
+        return list(snapshots[0].events), record
+
+    events, record = asyncio.run(run())
+    assert [e.kind for e in events[:2]] == [worker_pb2.KvEvent.CLEARED] * 2
+    held = {h for e in events[2:] for h in e.block_hashes}
+    assert all(e.kind == worker_pb2.KvEvent.STORED for e in events[2:])
+    head = list(record.prompt_block_hashes)[: (record.prompt_tokens // 32) * 2]
+    assert head and set(head) <= held  # the request's blocks, in our hashes

@@ -4,7 +4,9 @@ engine (``engines.frontend``): drain hand-back, directives and errors, against a
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
 
 import httpx
 import msgpack
@@ -30,6 +32,7 @@ from clairvoyant.worker.engines.adapter import (
 )
 from clairvoyant.worker.engines.frontend import ExternalFrontend, engine_model_info
 from clairvoyant.worker.engines.kv_bridge import KvBridge, KvTranslator, RequestInfo
+from clairvoyant.worker.engines.process import EngineProcess, EngineStartError
 from clairvoyant.worker.frontend import PromptInput
 from clairvoyant.worker.metrics import KV_EVENTS_UNTRANSLATABLE
 
@@ -243,3 +246,34 @@ async def test_an_unreachable_engine_is_unavailable_not_a_hang() -> None:
         async for _ in front.run(request):
             pass
     await client.aclose()
+
+
+async def test_an_engine_that_exits_while_starting_says_why(tmp_path: Path) -> None:
+    log = tmp_path / "engine.log"
+    argv = [sys.executable, "-c", "import sys; print('loading weights'); sys.exit('CUDA out of memory')"]
+    process = EngineProcess(argv, {}, log)
+    with pytest.raises(EngineStartError, match=r"(?s)exited with status 1.*CUDA out of memory"):
+        await process.wait_ready(f"http://127.0.0.1:{free_port()}", "/health", timeout_s=30)
+    process.stop()
+
+
+async def test_an_engine_that_never_answers_is_stopped_with_its_children(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    # the "engine" starts a child of its own, as vLLM starts its engine-core process
+    script = f"import subprocess, time; p = subprocess.Popen(['sleep', '60']); open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)"
+    process = EngineProcess([sys.executable, "-c", script], {}, tmp_path / "engine.log")
+    with pytest.raises(EngineStartError, match="did not answer"):
+        await process.wait_ready(f"http://127.0.0.1:{free_port()}", "/health", timeout_s=1.0)
+    child = int(pid_file.read_text())
+    await asyncio.sleep(0.2)
+    assert process.process.poll() is not None
+    assert not running(child)  # the whole process group went with it
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's reaper may be slow, or absent, in a container)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"

@@ -54,7 +54,7 @@ class WorkerSettings(ServiceSettings):
         "", description="interpreter that starts the engine; empty: var/vllm-venv/bin/python for vllm when present, else this one"
     )
     engine_model: str = Field("", description="what the engine loads (HF directory or hub id); empty: model")
-    engine_port: int = Field(0, ge=0, le=65535, description="the started engine's HTTP port; 0 picks a free one")
+    engine_port: int = Field(0, ge=0, le=65535, description="the started engine's HTTP port; 0: worker_http_port, or a free one when that is 0 too")
     engine_kv_events_port: int = Field(0, ge=0, le=65535, description="port the worker binds for the engine's KV events; 0 picks a free one")
     engine_args: str = Field("", description="extra command-line arguments for the started engine (shell-quoted)")
     engine_start_timeout_s: float = Field(600.0, gt=0, description="how long the started engine may take to answer /health")

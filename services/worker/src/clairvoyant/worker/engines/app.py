@@ -165,7 +165,8 @@ class ExternalWorkerApp:
 
     async def _launch(self, host: str, kv_endpoint: str) -> str:
         settings = self.settings
-        port = settings.engine_port or free_port(host)
+        # The engine's OpenAI endpoint is the worker's HTTP endpoint: it takes the worker's HTTP port.
+        port = settings.engine_port or settings.worker_http_port or free_port(host)
         spec = LaunchSpec(
             python=engine_python(settings),
             model_path=engine_model(settings),
