@@ -161,9 +161,10 @@ def cleared(tier: cachemgr_pb2.CacheTier) -> worker_pb2.KvEvent:
     return worker_pb2.KvEvent(kind=worker_pb2.KvEvent.CLEARED, tier=tier)
 
 
-def heartbeat(worker_id: str, interval_s: float = 1.0) -> bytes:
+def heartbeat(worker_id: str, interval_s: float = 1.0, unsupported: tuple[str, ...] = ()) -> bytes:
     stats = worker_pb2.WorkerStats(
         worker_id=worker_id, model="m", heartbeat_interval_s=interval_s, kv_blocks_used=5, kv_blocks_total=64,
+        unsupported_directives=unsupported,
         tiers=[
             worker_pb2.TierUsage(tier=cachemgr_pb2.CACHE_TIER_L1, blocks_used=5, blocks_total=64, hit_tokens=32),
             worker_pb2.TierUsage(tier=cachemgr_pb2.CACHE_TIER_L2, blocks_used=2, blocks_total=256, hit_tokens=16),
@@ -256,6 +257,21 @@ async def test_an_annotated_record_becomes_directives_a_worker_applies(
     assert [d.kind for d in plan.directives] == [cachemgr_pb2.DIRECTIVE_KIND_RETAIN,
                                                  cachemgr_pb2.DIRECTIVE_KIND_PRE_PREFILL]  # fmt: skip
     assert not (await service.stub.Plan(cachemgr_pb2.PlanRequest(worker_id="w2"), timeout=5)).directives
+
+
+async def test_directives_a_workers_engine_cannot_apply_are_not_sent(nats_url: str, nc: Client, start: Start) -> None:
+    """A worker over vLLM lists retain among its unsupported directives: it gets the pre_prefill only."""
+    worker = FakeWorker()
+    await nc.subscribe("cv.cache.directives.w1", cb=worker.handle)
+    service = await start(settings(nats_url))
+    withheld = sample("cv_cachemgr_directives_unsupported_total", kind="retain")
+    await nc.publish("cv.workers.w1.stats", heartbeat("w1", unsupported=("drop", "retain", "write_back", "promote")))
+    await until(lambda: "w1" in service.app.dispatcher.unsupported, "the heartbeat read")
+    await nc.jetstream().publish(COMPLETIONS_SUBJECT, record("r2"))
+    await until(lambda: len(worker.batches) == 1, "one batch of directives")
+    assert [d.kind for d in worker.batches[0].directives] == [cachemgr_pb2.DIRECTIVE_KIND_PRE_PREFILL]
+    assert sample("cv_cachemgr_directives_unsupported_total", kind="retain") == withheld + 1
+    assert (await service.stats()).directives_issued == 2  # both decided, one withheld
 
 
 async def test_a_refused_or_unanswered_batch_is_counted_and_not_retried(

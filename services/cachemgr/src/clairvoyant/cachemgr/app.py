@@ -66,7 +66,7 @@ class CacheManagerApp:
             streams={COMPLETIONS_STREAM: (COMPLETIONS_SUBJECT,)},
         )
         self.dispatcher = Dispatcher(self.bus, settings.cachemgr_directive_timeout_s)
-        self.feeds = WorkerFeeds(self.core, self.clock)
+        self.feeds = WorkerFeeds(self.core, self.clock, self.dispatcher.unsupported)
         self.consumer = CompletionConsumer(self.bus, self.core, self.dispatcher, settings, self.clock)
         self.port = 0  # the bound port, known after start (cachemgr_port 0 picks a free one)
         self._tasks: list[asyncio.Task[None]] = []

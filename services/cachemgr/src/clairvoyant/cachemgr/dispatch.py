@@ -6,7 +6,9 @@ a worker that refuses it (``applied`` 0: it checked the batch and applied nothin
 within the timeout, or cannot be reached because NATS is down is logged and counted
 (``cv_cachemgr_directive_batches_total``), and the batch is dropped.  Directives are advice: the
 next completion or tick decides again from what the index then says, so retrying a stale batch
-would only do harm.
+would only do harm.  A directive whose kind its worker's engine cannot apply (the worker lists it
+in ``WorkerStats.unsupported_directives``: a vLLM or SGLang worker) is not sent at all, and is
+counted in ``cv_cachemgr_directives_unsupported_total``.
 """
 
 from __future__ import annotations
@@ -48,15 +50,26 @@ class Dispatcher:
         self.bus = bus
         self.timeout_s = timeout_s
         self._tasks: set[asyncio.Task[None]] = set()
+        # worker -> the directive kinds its engine cannot apply (from its heartbeats)
+        self.unsupported: dict[str, frozenset[str]] = {}
 
     def send(self, directives: Sequence[CacheDirective]) -> None:
         """Count ``directives`` and send them, a batch per worker, in background tasks."""
         for item in directives:
             metrics.DIRECTIVES.labels(item.kind).inc()
-        for worker_id, batch in by_worker(directives).items():
+        for worker_id, batch in by_worker(self._supported(directives)).items():
             task = asyncio.create_task(self._send(worker_id, batch), name=f"cachemgr-directives-{worker_id}")
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    def _supported(self, directives: Sequence[CacheDirective]) -> list[CacheDirective]:
+        kept = []
+        for item in directives:
+            if item.kind in self.unsupported.get(item.worker_id, frozenset()):
+                metrics.DIRECTIVES_UNSUPPORTED.labels(item.kind).inc()
+            else:
+                kept.append(item)
+        return kept
 
     async def _send(self, worker_id: str, batch: list[CacheDirective]) -> None:
         client = self.bus.client

@@ -8,6 +8,11 @@ from prometheus_client import Counter, Gauge
 from clairvoyant.cachemgr.core import CoreStats
 
 DIRECTIVES = Counter("cv_cachemgr_directives_total", "Directives issued, by kind", ["kind"])
+DIRECTIVES_UNSUPPORTED = Counter(
+    "cv_cachemgr_directives_unsupported_total",
+    "Directives not sent because their worker's engine cannot apply them, by kind",
+    ["kind"],
+)
 # outcome: applied | refused (the worker checked the batch and applied none of it) | unanswered
 # (no worker listening, or no answer within CV_CACHEMGR_DIRECTIVE_TIMEOUT_S) | unsent (NATS down)
 DIRECTIVE_BATCHES = Counter(

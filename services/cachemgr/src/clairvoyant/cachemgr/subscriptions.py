@@ -55,9 +55,14 @@ class Liveness:
 class WorkerFeeds:
     """The NATS handlers of the workers' KV events and heartbeats, over one core."""
 
-    def __init__(self, core: CacheManagerCore, clock: Clock) -> None:
+    def __init__(
+        self, core: CacheManagerCore, clock: Clock, unsupported: dict[str, frozenset[str]] | None = None
+    ) -> None:
+        """``unsupported``: filled from the heartbeats, worker -> the directive kinds its engine
+        cannot apply (the dispatcher's, which withholds them)."""
         self.core = core
         self.clock = clock
+        self.unsupported = unsupported if unsupported is not None else {}
         self.liveness = Liveness()
         self._bus: EventBus | None = None
         self._resync_asked: dict[str, float] = {}  # worker -> when (monotonic) a snapshot was asked for
@@ -99,6 +104,7 @@ class WorkerFeeds:
             return
         now = self.clock.now()
         self.liveness.heard(load.worker_id, stats.heartbeat_interval_s, now)
+        self.unsupported[load.worker_id] = frozenset(stats.unsupported_directives)
         try:
             self.core.on_worker_load(load, now)
         except Exception:
@@ -110,6 +116,7 @@ class WorkerFeeds:
         for worker_id in gone:
             logger.info("worker %s is silent for %d heartbeats: forgotten", worker_id, SILENT_INTERVALS)
             self.core.on_worker_gone(worker_id)
+            self.unsupported.pop(worker_id, None)
             metrics.WORKERS_GONE.inc()
         return gone
 
