@@ -104,23 +104,28 @@ class ExternalWorkerApp:
 
     async def start(self) -> None:
         settings = self.settings
+        # The engine this worker starts runs beside it: it is reached on loopback when the worker
+        # binds every interface.
         host = settings.host if settings.host not in ("0.0.0.0", "::") else "127.0.0.1"
         self.kv_events = (
             KvEventPublisher(self.worker_id, settings.model, 16) if settings.kv_events else None
         )  # our re-hashed blocks are 16 tokens (clairvoyant.core.blockhash)
         recent = RecentRequests()
-        kv_endpoint = ""
+        kv_endpoint = ""  # where the engine's publisher connects
         if self.kv_events is not None:
-            kv_endpoint = f"tcp://{host}:{settings.engine_kv_events_port or free_port(host)}"
-            self.bridge = KvBridge(kv_endpoint, self.kv_events.submit, recent.get)
+            kv_port = settings.engine_kv_events_port or free_port(host)
+            kv_endpoint = f"tcp://{host}:{kv_port}"
+            # Bound on the worker's interface: an engine in another container connects from outside.
+            self.bridge = KvBridge(f"tcp://{settings.host}:{kv_port}", self.kv_events.submit, recent.get)
             self.bridge.start()
         base_url = settings.engine_url.rstrip("/")
         if not base_url:
             base_url = await self._launch(host, kv_endpoint)
         elif kv_endpoint:
+            reachable = f"tcp://{settings.advertised()}:{kv_endpoint.rsplit(':', 1)[1]}"
             logger.warning(
                 "fronting the running engine at %s: it publishes KV events to us only if it was started "
-                "with --kv-events-config endpoint %s", base_url, kv_endpoint,
+                "with --kv-events-config endpoint %s", base_url, reachable,
             )  # fmt: skip
         self.client = httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(30.0, read=None))
         served = await self._served_model()
