@@ -7,6 +7,7 @@ import json
 import time
 
 import httpx
+import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
@@ -128,3 +129,32 @@ def test_cancelled_stream_frees_worker_blocks(stack: Stack) -> None:
     assert len(cancelled) == 1
     assert cancelled[0].status == common_pb2.REQUEST_STATUS_CANCELLED
     assert 0 < cancelled[0].output_tokens < 1500
+
+
+def test_logit_bias_and_penalties_reach_the_engine(stack: Stack) -> None:
+    forced = 42
+    reply = client(stack).completions.create(
+        model=MODEL, prompt="bias me", max_tokens=6, temperature=0, logit_bias={str(forced): 100},
+        extra_body={"ignore_eos": True, "app_metadata": {**META, "workflow_id": "wf-bias"}},
+    )  # fmt: skip
+    assert reply.usage.completion_tokens == 6
+    (record,) = asyncio.run(records(stack, 1, workflow_id="wf-bias"))
+    assert list(record.output_token_ids) == [forced] * 6
+    # The same greedy request with a frequency penalty cannot repeat a token 6 times over.
+    penalised = client(stack).completions.create(
+        model=MODEL, prompt="bias me", max_tokens=6, temperature=0, logit_bias={str(forced): 2},
+        frequency_penalty=2, presence_penalty=2,
+        extra_body={"ignore_eos": True, "app_metadata": {**META, "workflow_id": "wf-penalty"}},
+    )  # fmt: skip
+    assert penalised.usage.completion_tokens == 6
+    (record,) = asyncio.run(records(stack, 1, workflow_id="wf-penalty"))
+    assert len(set(record.output_token_ids)) > 1
+
+
+def test_a_logit_bias_past_the_vocabulary_is_a_400_naming_it(stack: Stack) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client(stack).completions.create(model=MODEL, prompt="x", max_tokens=2, logit_bias={"99999999": 5})
+    assert caught.value.status_code == 400 and caught.value.body["param"] == "logit_bias"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client(stack).completions.create(model=MODEL, prompt="x", max_tokens=2, logit_bias={"5": 500})
+    assert caught.value.body["param"] == "logit_bias"  # type: ignore[index]

@@ -343,3 +343,14 @@ def test_a_resync_is_answered_from_the_mirror_of_vllms_blocks(stack: Stack) -> N
     assert all(e.kind == worker_pb2.KvEvent.STORED for e in events[2:])
     head = list(record.prompt_block_hashes)[: (record.prompt_tokens // 32) * 2]
     assert head and set(head) <= held  # the request's blocks, in our hashes
+
+
+def test_logit_bias_and_penalties_reach_vllm(stack: Stack) -> None:
+    forced = 28  # "," in SmolLM2's vocabulary
+    reply = chat(stack).completions.create(
+        model=MODEL, prompt="Name three colours:", max_tokens=5, temperature=0, logit_bias={str(forced): 100},
+        frequency_penalty=0.5, extra_body={"ignore_eos": True, "app_metadata": meta("wf-vllm-bias")},
+    )  # fmt: skip
+    assert reply.choices[0].text == "," * 5
+    (record,) = asyncio.run(records(stack, 1, workflow_id="wf-vllm-bias"))
+    assert list(record.output_token_ids) == [forced] * 5

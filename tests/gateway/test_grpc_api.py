@@ -187,3 +187,18 @@ async def test_a_full_queue_is_held_over_grpc_too(make_stack: StackFactory) -> N
         stack.scheduler.reject = None
         assert (await stub.ChatCompletion(request())).content == "Hello, world!"
     assert (len(profiler.calls), len(stack.scheduler.schedule_calls)) == (2, 2)
+
+
+async def test_penalties_and_logit_bias_reach_the_worker_over_grpc(stack: Stack) -> None:
+    sampling = common_pb2.SamplingParams(
+        max_tokens=2, frequency_penalty=0.5, presence_penalty=-0.5, repetition_penalty=1.1, logit_bias={7: -100.0}
+    )
+    async with grpc.aio.insecure_channel(stack.grpc_address) as channel:
+        stub = gateway_pb2_grpc.GatewayStub(channel)
+        await stub.ChatCompletion(request(sampling=sampling))
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.ChatCompletion(request(sampling=common_pb2.SamplingParams(frequency_penalty=3.0)))
+        assert detail(caught.value).param == "frequency_penalty"
+    sent = stack.worker.calls[0].sampling
+    assert (sent.frequency_penalty, sent.presence_penalty, sent.repetition_penalty) == (0.5, -0.5, 1.1)
+    assert dict(sent.logit_bias) == {7: -100.0}

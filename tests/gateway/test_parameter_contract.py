@@ -62,6 +62,10 @@ EFFECTS: dict[str, Effect] = {
     "extra_body": Effect({"temperature": 1.5}, lambda r: r.sampling.temperature, 1.5),
     "ignore_eos": Effect(True, lambda r: r.sampling.ignore_eos, True),
     "min_tokens": Effect(2, lambda r: r.sampling.min_tokens, 2),
+    "frequency_penalty": Effect(0.5, lambda r: r.sampling.frequency_penalty, 0.5),
+    "presence_penalty": Effect(-1, lambda r: r.sampling.presence_penalty, -1),
+    "repetition_penalty": Effect(1.2, lambda r: r.sampling.repetition_penalty, 1.2),
+    "logit_bias": Effect({"50256": -100, "7": 2.5}, lambda r: r.sampling.logit_bias, ((7, 2.5), (50256, -100.0))),
 }
 IGNORED_SAMPLES: dict[str, Any] = {
     "user": "user-17",
@@ -77,9 +81,6 @@ IGNORED_SAMPLES: dict[str, Any] = {
 TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
 # A value of each refused parameter that asks for what this API cannot do.
 ASKS: dict[str, Any] = {
-    "frequency_penalty": 0.5,
-    "presence_penalty": -1,
-    "logit_bias": {"50256": -100},
     "logprobs": True,
     "top_logprobs": 3,
     "tools": [TOOL],
@@ -99,7 +100,7 @@ ASKS: dict[str, Any] = {
     "suffix": "}",
 }
 ASKS_ON: dict[tuple[Api, str], Any] = {("completions", "logprobs"): 5}  # a count there
-UNKNOWN = ["temperatur", "foo", "guided_json", "repetition_penalty"]
+UNKNOWN = ["temperatur", "foo", "guided_json", "frequency_penalties"]
 
 
 def body(api: Api, **fields: Any) -> dict[str, Any]:
@@ -178,9 +179,9 @@ def test_a_refused_parameter_passes_when_it_asks_for_nothing(api: Api, parameter
 
 @pytest.mark.unit
 def test_neutral_values_compare_as_json() -> None:
-    frequency_penalty = parameters("chat")["frequency_penalty"]
-    assert frequency_penalty.asks_for_nothing(0) and frequency_penalty.asks_for_nothing(0.0)
-    assert not frequency_penalty.asks_for_nothing(False)  # false is not 0 in JSON
+    top_logprobs = parameters("chat")["top_logprobs"]
+    assert top_logprobs.asks_for_nothing(0) and top_logprobs.asks_for_nothing(0.0)
+    assert not top_logprobs.asks_for_nothing(False)  # false is not 0 in JSON
     assert not parameters("chat")["logprobs"].asks_for_nothing(0)
 
 

@@ -154,7 +154,10 @@ def letters(n: int, seed: int) -> list[int]:
 def request(
     rid: str, prompt: list[int], max_tokens: int = 8, temperature: float = 0.0, **kw: Any
 ) -> EngineRequest:
-    sampling_keys = {"top_p", "seed", "stop", "ignore_eos", "min_tokens"}
+    sampling_keys = {
+        "top_p", "seed", "stop", "ignore_eos", "min_tokens",
+        "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias",
+    }  # fmt: skip
     sampling = SamplingParams(
         max_tokens=max_tokens, temperature=temperature, **{k: v for k, v in kw.items() if k in sampling_keys}
     )

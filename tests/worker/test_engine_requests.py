@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from clairvoyant.core.errors import ContextLengthExceeded
 from clairvoyant.worker.core.engine import SamplingParams
+from clairvoyant.worker.core.sampling import SampleRow, adjust_logits
 from tests.worker.fakes import EOS, Collected, FakeRunner, collect, drain, letters, make_engine, request
 
 pytestmark = pytest.mark.unit
@@ -179,3 +181,60 @@ def test_a_token_only_request_generates_the_same_tokens_without_text() -> None:
     with pytest.raises(ValueError, match="token id 400 outside the vocabulary"):  # 256 is in (size 257)
         engine.add_request(request("w", [1, 256, 400]))
     assert engine.stats().waiting == 0
+
+
+# ---- penalties and logit bias ---------------------------------------------------------------------
+def row(params: SamplingParams, prompt: tuple[int, ...] = (), output: tuple[int, ...] = ()) -> SampleRow:
+    return SampleRow(params, None, (), prompt, output)
+
+
+def test_penalties_and_bias_adjust_the_logits_as_documented() -> None:
+    logits = torch.tensor([2.0, -2.0, 1.0, 0.5, 0.0])
+    repeated = adjust_logits(logits, row(SamplingParams(repetition_penalty=2.0), prompt=(0, 1), output=(3,)))
+    assert repeated.tolist() == [1.0, -4.0, 1.0, 0.25, 0.0]  # positive / 2, negative x 2, unseen unchanged
+    counted = adjust_logits(
+        logits,
+        row(SamplingParams(frequency_penalty=0.5, presence_penalty=0.25), prompt=(2,), output=(0, 0, 3)),
+    )
+    assert counted.tolist() == [
+        2.0 - 1.0 - 0.25,
+        -2.0,
+        1.0,
+        0.5 - 0.5 - 0.25,
+        0.0,
+    ]  # the prompt's 2: untouched
+    biased = adjust_logits(logits, row(SamplingParams(logit_bias=((1, 100.0), (0, -100.0)))))
+    assert biased.tolist() == [-98.0, 98.0, 1.0, 0.5, 0.0]
+    both = adjust_logits(
+        logits, row(SamplingParams(repetition_penalty=2.0, logit_bias=((0, 1.0),)), prompt=(0,))
+    )
+    assert both[0].item() == 2.0  # penalised first (2 / 2), then biased (+1)
+    assert logits.tolist() == [2.0, -2.0, 1.0, 0.5, 0.0]  # the batch's logits are left alone
+
+
+def test_bad_penalties_are_refused_at_construction() -> None:
+    for kwargs in ({"frequency_penalty": 2.5}, {"presence_penalty": -3}, {"repetition_penalty": 0},
+                   {"logit_bias": ((5, 101.0),)}, {"logit_bias": ((-1, 1.0),)}):  # fmt: skip
+        with pytest.raises(ValueError):
+            SamplingParams(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_logit_bias_of_100_forces_a_token_greedy_or_sampled() -> None:
+    forced = ord("q")
+    for temperature in (0.0, 1.0):
+        r = _run_alone(max_tokens=6, temperature=temperature, seed=3, logit_bias=((forced, 100.0),))
+        assert r.token_ids == [forced] * 6
+    banned = _run_alone(max_tokens=20)
+    first = banned.token_ids[0]
+    avoided = _run_alone(max_tokens=20, logit_bias=((first, -100.0),))
+    assert first not in avoided.token_ids
+
+
+def test_a_frequency_penalty_breaks_a_greedy_loop() -> None:
+    """The fake model's greedy output repeats letters; a strong frequency penalty spreads them."""
+    plain = _run_alone(max_tokens=40)
+    penalised = _run_alone(max_tokens=40, frequency_penalty=2.0, presence_penalty=2.0)
+    assert len(set(penalised.token_ids)) > len(set(plain.token_ids))
+    assert max(penalised.token_ids.count(t) for t in penalised.token_ids) < max(
+        plain.token_ids.count(t) for t in plain.token_ids
+    )

@@ -103,6 +103,7 @@ class SglangSampling(BaseModel):
     frequency_penalty: float | None = 0.0
     presence_penalty: float | None = 0.0
     repetition_penalty: float | None = 1.0
+    logit_bias: dict[str, float] | None = None
     min_new_tokens: int | None = 0
     n: int | None = 1
     ignore_eos: bool | None = False
@@ -498,7 +499,10 @@ async def test_stream_is_incremental_and_ends_once(
 
 
 async def test_request_body_maps_sampling_priority_and_tenant(sglang: Setup) -> None:
-    sampling = SamplingParams(max_tokens=4, temperature=0.7, top_p=0.9, seed=11, stop=("\n",), min_tokens=2)
+    sampling = SamplingParams(
+        max_tokens=4, temperature=0.7, top_p=0.9, seed=11, stop=("\n",), min_tokens=2,
+        frequency_penalty=0.5, presence_penalty=-0.25, repetition_penalty=1.1, logit_bias=((7, 5.0), (9, -100.0)),
+    )  # fmt: skip
     await run(sglang, PROMPT, sampling, priority=2.5, request_id="urgent")
     await run(sglang, PROMPT, SamplingParams(max_tokens=2, ignore_eos=True), priority=0.5, request_id="later")
     urgent, later = sglang.fake.bodies("/generate")
@@ -506,9 +510,12 @@ async def test_request_body_maps_sampling_priority_and_tenant(sglang: Setup) -> 
         "rid": "urgent", "input_ids": PROMPT, "stream": True, "priority": 2_500_000, "cache_salt": "acme",
         "session_id": "urgent",
         "sampling_params": {"max_new_tokens": 4, "temperature": 0.7, "top_p": 0.9, "stop": ["\n"],
-                            "ignore_eos": False, "min_new_tokens": 2, "sampling_seed": 11},
+                            "ignore_eos": False, "min_new_tokens": 2, "sampling_seed": 11,
+                            "frequency_penalty": 0.5, "presence_penalty": -0.25, "repetition_penalty": 1.1,
+                            "logit_bias": {"7": 5.0, "9": -100.0}},
     }  # fmt: skip
     assert later["sampling_params"]["ignore_eos"] is True and "sampling_seed" not in later["sampling_params"]
+    assert "logit_bias" not in later["sampling_params"] and later["sampling_params"]["repetition_penalty"] == 1.0
     assert urgent["priority"] > later["priority"] == 500_000  # SGLang serves higher values first
 
 

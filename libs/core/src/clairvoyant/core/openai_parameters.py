@@ -61,11 +61,15 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter("stream_options", "supported", BOTH),
     Parameter("temperature", "supported", BOTH),
     Parameter("top_p", "supported", BOTH),
+    Parameter("frequency_penalty", "supported", BOTH),
+    Parameter("presence_penalty", "supported", BOTH),
+    Parameter("logit_bias", "supported", BOTH),
     Parameter("app_metadata", "extension", BOTH),
     Parameter("echo_annotations", "extension", BOTH),
     Parameter("extra_body", "extension", BOTH),  # its fields count as top-level ones
     Parameter("ignore_eos", "extension", BOTH),
     Parameter("min_tokens", "extension", BOTH),
+    Parameter("repetition_penalty", "extension", BOTH),
     # The tenant comes from the API key; OpenAI uses these for abuse detection and cache bucketing.
     Parameter("user", "ignored", BOTH),
     Parameter("safety_identifier", "ignored", CHAT),
@@ -81,9 +85,6 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter("service_tier", "ignored", CHAT),
     # Tools are refused, so there is never a tool call to run in parallel.
     Parameter("parallel_tool_calls", "ignored", CHAT),
-    Parameter("frequency_penalty", "refused", BOTH, (0,)),
-    Parameter("presence_penalty", "refused", BOTH, (0,)),
-    Parameter("logit_bias", "refused", BOTH, ({},)),
     # Chat: a bool.  Completions: a count, where even 0 asks for the chosen tokens' log probabilities.
     Parameter("logprobs", "refused", BOTH, (False,)),
     Parameter("top_logprobs", "refused", CHAT, (0,)),

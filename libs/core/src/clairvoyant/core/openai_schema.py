@@ -137,6 +137,10 @@ class GenerationBody(_Strict):
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = None
     min_tokens: int | None = Field(default=None, ge=0)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(default=None, gt=0)  # vLLM's and SGLang's extension
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
     user: str | None = None  # accepted and ignored: the tenant comes from the API key
     app_metadata: Annotated[Any, APP_METADATA_SCHEMA] = None  # validated by parse_app_metadata
     echo_annotations: bool | None = None
@@ -148,6 +152,20 @@ class GenerationBody(_Strict):
         if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
             raise ValueError("must be a non-empty string or a list of them")
         return tuple(stops)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (value or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"keys must be token ids (decimal strings), got {key[:40]!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"values must be in [-100, 100], got {bias} for token {key}")
+        return value
+
+    def logit_biases(self) -> tuple[tuple[int, float], ...]:
+        """``logit_bias`` as (token id, bias) pairs, in token order."""
+        return tuple(sorted((int(key), float(bias)) for key, bias in (self.logit_bias or {}).items()))
 
     @field_validator("n")
     @classmethod

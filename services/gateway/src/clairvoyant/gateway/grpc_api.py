@@ -41,9 +41,11 @@ def body_of(request: gateway_pb2.ChatCompletionRequest, stream: bool) -> dict[st
         messages.append(message)
     body: dict[str, Any] = {"model": request.model, "messages": messages, "stream": stream}
     sampling = request.sampling
-    for name in ("max_tokens", "temperature", "top_p", "seed"):
+    for name in ("max_tokens", "temperature", "top_p", "seed", "frequency_penalty", "presence_penalty", "repetition_penalty"):
         if sampling.HasField(name):
             body[name] = getattr(sampling, name)
+    if sampling.logit_bias:
+        body["logit_bias"] = {str(token): bias for token, bias in sampling.logit_bias.items()}
     if sampling.stop:
         body["stop"] = list(sampling.stop)
     body["ignore_eos"] = sampling.ignore_eos

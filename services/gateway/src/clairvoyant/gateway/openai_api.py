@@ -21,6 +21,10 @@ def sampling(body: GenerationBody, max_tokens_limit: int) -> Sampling:
         stop=tuple(body.stop or ()),
         ignore_eos=bool(body.ignore_eos),
         min_tokens=min_tokens,
+        frequency_penalty=body.frequency_penalty,
+        presence_penalty=body.presence_penalty,
+        repetition_penalty=body.repetition_penalty,
+        logit_bias=body.logit_biases(),
     )
 
 

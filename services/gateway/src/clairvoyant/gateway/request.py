@@ -26,11 +26,20 @@ class Sampling:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     min_tokens: int = 0
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
 
     def to_proto(self) -> common_pb2.SamplingParams:
         msg = common_pb2.SamplingParams(
-            stop=list(self.stop), ignore_eos=self.ignore_eos, min_tokens=self.min_tokens
-        )
+            stop=list(self.stop), ignore_eos=self.ignore_eos, min_tokens=self.min_tokens,
+            logit_bias=dict(self.logit_bias),
+        )  # fmt: skip
+        for name in ("frequency_penalty", "presence_penalty", "repetition_penalty"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(msg, name, value)
         if self.max_tokens is not None:
             msg.max_tokens = self.max_tokens
         if self.temperature is not None:

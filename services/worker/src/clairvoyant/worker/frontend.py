@@ -144,7 +144,14 @@ class WorkerFrontend:
         program_wait_s: float = 0.0,
         program_service_s: float = 0.0,
     ) -> EngineRequest:
-        """Checks the context window, then builds the engine request.  Raises InvalidRequest."""
+        """Checks the context window and the logit bias's token ids, then builds the engine
+        request.  Raises InvalidRequest."""
+        vocab = self.runner.info.vocab_size
+        outside = [token for token, _ in sampling.logit_bias if token >= vocab]
+        if outside:
+            raise InvalidRequest(
+                f"logit_bias names token ids past the vocabulary of {vocab}: {outside[:5]}", param="logit_bias"
+            )
         return new_request(
             self.max_model_len, request_id, prompt_ids, sampling, priority=priority, lineage=lineage,
             scheduler_preset=scheduler_preset, program_wait_s=program_wait_s, program_service_s=program_service_s,

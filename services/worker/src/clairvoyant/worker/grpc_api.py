@@ -47,6 +47,10 @@ def sampling_params(msg: common_pb2.SamplingParams, default_max_tokens: int) -> 
         stop=tuple(msg.stop),
         ignore_eos=msg.ignore_eos,
         min_tokens=msg.min_tokens,
+        frequency_penalty=msg.frequency_penalty if msg.HasField("frequency_penalty") else 0.0,
+        presence_penalty=msg.presence_penalty if msg.HasField("presence_penalty") else 0.0,
+        repetition_penalty=msg.repetition_penalty if msg.HasField("repetition_penalty") else 1.0,
+        logit_bias=tuple(sorted(msg.logit_bias.items())),
     )
 
 

@@ -61,6 +61,10 @@ def sampling_params(body: GenerationBody, default_max_tokens: int) -> SamplingPa
         stop=tuple(body.stop or ()),
         ignore_eos=bool(body.ignore_eos),
         min_tokens=min_tokens,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        presence_penalty=body.presence_penalty or 0.0,
+        repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+        logit_bias=body.logit_biases(),
     )
 
 

@@ -2,6 +2,16 @@
 
 Each request that samples (temperature > 0) owns a ``torch.Generator`` seeded once, so its tokens
 depend only on its own logits and seed: not on batch composition, preemption or prefix-cache hits.
+
+Before a token is picked (greedy or sampled), a row's logits are adjusted in this order, as vLLM
+does (``vllm/v1/sample/ops/penalties.py``; OpenAI's API reference for the first two):
+
+1. ``repetition_penalty`` r (vLLM's and SGLang's extension, 1 = off) on every token of the prompt
+   and the output so far: a positive logit is divided by r, a negative one multiplied by r;
+2. ``frequency_penalty`` f and ``presence_penalty`` p (OpenAI's, 0 = off) on the output so far:
+   ``logit -= f * count(token) + p * (count(token) > 0)``;
+3. ``logit_bias`` (OpenAI's): the given value added to each named token's logit (-100 bans it in
+   practice, 100 forces it).
 """
 
 from __future__ import annotations
@@ -24,6 +34,10 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # stop strings; the matched stop string is not part of the output text
     ignore_eos: bool = False  # EOS tokens are sampled like any other and do not stop the request
     min_tokens: int = 0  # EOS and stop strings are suppressed until this many tokens were generated
+    frequency_penalty: float = 0.0  # [-2, 2]: subtracted once per earlier occurrence in the output
+    presence_penalty: float = 0.0  # [-2, 2]: subtracted once if the token occurs in the output
+    repetition_penalty: float = 1.0  # > 0: scales the logits of tokens in the prompt or the output
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -36,6 +50,21 @@ class SamplingParams:
             raise ValueError(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        for token, bias in self.logit_bias:
+            if token < 0 or not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias maps token ids >= 0 to values in [-100, 100], got {token}: {bias}")
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether any penalty or bias applies (the common case, none, skips the work)."""
+        return bool(
+            self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0 or self.logit_bias
+        )
 
     @property
     def greedy(self) -> bool:
@@ -48,6 +77,8 @@ class SampleRow(NamedTuple):
     params: SamplingParams
     generator: torch.Generator | None  # required unless params.greedy
     suppressed_ids: tuple[int, ...]  # token ids that must not be sampled (EOS before min_tokens)
+    prompt_ids: Sequence[int] = ()  # what the penalties look at (only when params.adjusts_logits)
+    output_ids: Sequence[int] = ()
 
 
 def make_generator(seed: int) -> torch.Generator:
@@ -61,12 +92,34 @@ def sample(logits: torch.Tensor, rows: Sequence[SampleRow]) -> list[int]:
     assert logits.shape[0] == len(rows), (logits.shape, len(rows))
     logits = logits.detach().to(device="cpu", dtype=torch.float32)
     # Greedy rows with nothing suppressed (the common case) share one argmax over the batch.
-    plain = [not row.suppressed_ids and row.params.greedy for row in rows]
+    plain = [not row.suppressed_ids and row.params.greedy and not row.params.adjusts_logits for row in rows]
     argmax = logits.argmax(dim=-1).tolist() if any(plain) else []
     return [argmax[i] if plain[i] else _sample_row(logits[i], row) for i, row in enumerate(rows)]
 
 
+def adjust_logits(logits: torch.Tensor, row: SampleRow) -> torch.Tensor:
+    """The row's logits after its penalties and bias (module docstring), as a new tensor."""
+    params = row.params
+    logits = logits.clone()
+    vocab = logits.shape[-1]
+    if params.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted({*row.prompt_ids, *row.output_ids}), dtype=torch.long)
+        if len(seen):
+            values = logits[seen]
+            penalty = params.repetition_penalty
+            logits[seen] = torch.where(values > 0, values / penalty, values * penalty)
+    if (params.frequency_penalty or params.presence_penalty) and len(row.output_ids):
+        counts = torch.bincount(torch.tensor(list(row.output_ids), dtype=torch.long), minlength=vocab)[:vocab]
+        logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
+    if params.logit_bias:
+        ids = torch.tensor([token for token, _ in params.logit_bias], dtype=torch.long)
+        logits[ids] += torch.tensor([bias for _, bias in params.logit_bias], dtype=logits.dtype)
+    return logits
+
+
 def _sample_row(logits: torch.Tensor, row: SampleRow) -> int:
+    if row.params.adjusts_logits:
+        logits = adjust_logits(logits, row)
     if row.suppressed_ids:
         logits = logits.clone()
         logits[list(row.suppressed_ids)] = float("-inf")

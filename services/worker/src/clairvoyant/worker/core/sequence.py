@@ -89,7 +89,11 @@ class Sequence:
     def sample_row(self) -> SampleRow:
         """Sampling inputs for the next token: EOS is banned until ``min_tokens`` were generated."""
         suppress = not self.params.ignore_eos and self.num_output_tokens < self.params.min_tokens
-        return SampleRow(self.params, self.generator, self.eos_token_ids if suppress else ())
+        suppressed = self.eos_token_ids if suppress else ()
+        if not self.params.adjusts_logits:
+            return SampleRow(self.params, self.generator, suppressed)
+        prompt, output = self.token_ids[: self.prompt_len], self.token_ids[self.prompt_len :]
+        return SampleRow(self.params, self.generator, suppressed, prompt, output)
 
     def __repr__(self) -> str:
         return (

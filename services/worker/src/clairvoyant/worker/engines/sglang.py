@@ -4,7 +4,8 @@ What maps to what (SGLang 0.5.23; paths are under ``python/sglang/`` in its repo
 
     Generate          POST /generate (``srt/entrypoints/http_server.py``): ``input_ids``, ``stream``,
                       ``sampling_params`` (max_new_tokens, temperature, top_p, stop, ignore_eos,
-                      min_new_tokens, sampling_seed: unknown keys there are refused with 400,
+                      min_new_tokens, frequency_penalty, presence_penalty,
+                      repetition_penalty, logit_bias, sampling_seed: unknown keys there are refused with 400,
                       ``api/v1/api_types.py``), ``rid`` = our request id, ``priority``,
                       ``cache_salt`` = the tenant (its radix keys and KV-event hashes are salted),
                       ``session_id`` = the request id (attribution only: its KV events name it,
@@ -100,7 +101,12 @@ class SglangAdapter(EngineAdapter):
             "stop": list(sampling.stop),
             "ignore_eos": sampling.ignore_eos,
             "min_new_tokens": sampling.min_tokens,
+            "frequency_penalty": sampling.frequency_penalty,
+            "presence_penalty": sampling.presence_penalty,
+            "repetition_penalty": sampling.repetition_penalty,
         }
+        if sampling.logit_bias:  # srt/sampling/sampling_params.py: token id strings -> bias
+            params["logit_bias"] = {str(token): bias for token, bias in sampling.logit_bias}
         if sampling.seed is not None:
             params["sampling_seed"] = sampling.seed  # honoured with --enable-deterministic-inference
         return {

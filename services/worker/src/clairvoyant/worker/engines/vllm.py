@@ -115,6 +115,13 @@ class VllmAdapter(EngineAdapter):
         }
         if sampling.seed is not None:
             body["seed"] = sampling.seed
+        body |= {
+            "frequency_penalty": sampling.frequency_penalty,
+            "presence_penalty": sampling.presence_penalty,
+            "repetition_penalty": sampling.repetition_penalty,
+        }
+        if sampling.logit_bias:
+            body["logit_bias"] = {str(token): bias for token, bias in sampling.logit_bias}
         return body
 
     async def generate(
