@@ -50,7 +50,10 @@ def test_chat_non_streaming_and_record(stack: Stack) -> None:
     assert len(found) == 1
     record = found[0]
     assert record.tenant == "default"
-    assert (record.app_metadata.workflow_type_id, record.app_metadata.agent_id) == ("coding_assistant", "engineer")
+    assert (record.app_metadata.workflow_type_id, record.app_metadata.agent_id) == (
+        "coding_assistant",
+        "engineer",
+    )
     assert record.model == MODEL
     assert record.worker_id in ("worker-1", "worker-2")
     assert record.output_tokens == 12 and record.prompt_tokens == reply.usage.prompt_tokens
@@ -60,10 +63,17 @@ def test_chat_non_streaming_and_record(stack: Stack) -> None:
 
 
 def test_greedy_is_deterministic_and_streaming_matches(stack: Stack) -> None:
-    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": "stream me"}], max_tokens=10,
-                  temperature=0, extra_body={"ignore_eos": True})
+    kwargs = dict(
+        model=MODEL,
+        messages=[{"role": "user", "content": "stream me"}],
+        max_tokens=10,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
     whole = client(stack).chat.completions.create(**kwargs).choices[0].message.content
-    stream = client(stack).chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs)
+    stream = client(stack).chat.completions.create(
+        stream=True, stream_options={"include_usage": True}, **kwargs
+    )
     pieces, finish, usage = [], None, None
     for chunk in stream:
         if chunk.usage is not None:
@@ -77,8 +87,9 @@ def test_greedy_is_deterministic_and_streaming_matches(stack: Stack) -> None:
 
 
 def test_completions_endpoint(stack: Stack) -> None:
-    reply = client(stack).completions.create(model=MODEL, prompt="abc", max_tokens=5, temperature=0,
-                                             extra_body={"ignore_eos": True})
+    reply = client(stack).completions.create(
+        model=MODEL, prompt="abc", max_tokens=5, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert reply.choices[0].finish_reason == "length"
     assert reply.usage.completion_tokens == 5
 
@@ -86,13 +97,18 @@ def test_completions_endpoint(stack: Stack) -> None:
 def test_32_concurrent_requests_complete_on_both_workers(stack: Stack) -> None:
     async def run() -> list[int]:
         api = AsyncOpenAI(base_url=f"{stack.gateway_url}/v1", api_key="none", max_retries=0, timeout=120)
-        replies = await asyncio.gather(*[
-            api.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": f"request {i}"}], max_tokens=8,
-                temperature=0, extra_body={"ignore_eos": True, "app_metadata": {**META, "workflow_id": "wf-burst"}},
-            )
-            for i in range(32)
-        ])
+        replies = await asyncio.gather(
+            *[
+                api.chat.completions.create(
+                    model=MODEL,
+                    messages=[{"role": "user", "content": f"request {i}"}],
+                    max_tokens=8,
+                    temperature=0,
+                    extra_body={"ignore_eos": True, "app_metadata": {**META, "workflow_id": "wf-burst"}},
+                )
+                for i in range(32)
+            ]
+        )
         await api.close()
         return [r.usage.completion_tokens for r in replies]
 
@@ -106,9 +122,17 @@ def test_cancelled_stream_frees_worker_blocks(stack: Stack) -> None:
     before = sum(w["running"] for w in worker_load(stack))
     assert before == 0
     with httpx.stream(
-        "POST", f"{stack.gateway_url}/v1/chat/completions", timeout=30,
-        json={"model": MODEL, "messages": [{"role": "user", "content": "long one"}], "max_tokens": 1500,
-              "ignore_eos": True, "stream": True, "app_metadata": {**META, "workflow_id": "wf-cancel"}},
+        "POST",
+        f"{stack.gateway_url}/v1/chat/completions",
+        timeout=30,
+        json={
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "long one"}],
+            "max_tokens": 1500,
+            "ignore_eos": True,
+            "stream": True,
+            "app_metadata": {**META, "workflow_id": "wf-cancel"},
+        },
     ) as response:
         assert response.status_code == 200
         lines = response.iter_lines()
@@ -158,3 +182,38 @@ def test_a_logit_bias_past_the_vocabulary_is_a_400_naming_it(stack: Stack) -> No
     with pytest.raises(openai.BadRequestError) as caught:
         client(stack).completions.create(model=MODEL, prompt="x", max_tokens=2, logit_bias={"5": 500})
     assert caught.value.body["param"] == "logit_bias"  # type: ignore[index]
+
+
+def test_logprobs_on_chat_and_completions_streamed_or_not(stack: Stack) -> None:
+    messages = [{"role": "user", "content": "log my probabilities"}]
+    whole = client(stack).chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=5, temperature=0, logprobs=True, top_logprobs=2,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    content = whole.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert len(content) == whole.usage.completion_tokens == 5
+    for entry in content:
+        assert len(entry.top_logprobs) == 2 and entry.top_logprobs[0].logprob == entry.logprob <= 0  # greedy
+        assert entry.bytes == list(entry.token.encode())
+    stream = client(stack).chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=5, temperature=0, logprobs=True, top_logprobs=2, stream=True,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    streamed = [
+        e
+        for chunk in stream
+        if chunk.choices and chunk.choices[0].logprobs
+        for e in chunk.choices[0].logprobs.content
+    ]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+
+    text = client(stack).completions.create(
+        model=MODEL, prompt="log my probabilities", max_tokens=5, temperature=0, logprobs=1,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    lp = text.choices[0].logprobs
+    assert lp is not None and len(lp.tokens) == len(lp.token_logprobs) == len(lp.text_offset) == 5
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(5)]
+    assert all(len(top) >= 1 for top in lp.top_logprobs or [])
+    plain = client(stack).completions.create(model=MODEL, prompt="x", max_tokens=2)
+    assert plain.choices[0].logprobs is None  # only when asked for

@@ -354,3 +354,16 @@ def test_logit_bias_and_penalties_reach_vllm(stack: Stack) -> None:
     assert reply.choices[0].text == "," * 5
     (record,) = asyncio.run(records(stack, 1, workflow_id="wf-vllm-bias"))
     assert list(record.output_token_ids) == [forced] * 5
+
+
+def test_logprobs_come_back_from_vllm(stack: Stack) -> None:
+    reply = chat(stack).completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=4, temperature=0, logprobs=2,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    lp = reply.choices[0].logprobs
+    assert lp is not None and len(lp.tokens) == len(lp.token_logprobs) == 4
+    assert "".join(lp.tokens) == reply.choices[0].text
+    assert all(value <= 0 for value in lp.token_logprobs)
+    for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs or [], strict=True):
+        assert max(top.values()) == pytest.approx(value, abs=1e-4) and token in top  # greedy: the top one

@@ -66,7 +66,13 @@ EFFECTS: dict[str, Effect] = {
     "presence_penalty": Effect(-1, lambda r: r.sampling.presence_penalty, -1),
     "repetition_penalty": Effect(1.2, lambda r: r.sampling.repetition_penalty, 1.2),
     "logit_bias": Effect({"50256": -100, "7": 2.5}, lambda r: r.sampling.logit_bias, ((7, 2.5), (50256, -100.0))),
+    "logprobs": Effect(True, lambda r: r.sampling.logprobs, 0),  # chat: a bool, no alternatives
+    "top_logprobs": Effect(3, lambda r: r.sampling.logprobs, 3),  # with logprobs: true (BASE_ON)
 }
+EFFECTS_ON: dict[tuple[Api, str], Effect] = {
+    ("completions", "logprobs"): Effect(2, lambda r: r.sampling.logprobs, 2),  # a count there
+}
+BASE_ON: dict[tuple[Api, str], dict[str, Any]] = {("chat", "top_logprobs"): {"logprobs": True}}
 IGNORED_SAMPLES: dict[str, Any] = {
     "user": "user-17",
     "safety_identifier": "hashed-user",
@@ -81,8 +87,6 @@ IGNORED_SAMPLES: dict[str, Any] = {
 TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
 # A value of each refused parameter that asks for what this API cannot do.
 ASKS: dict[str, Any] = {
-    "logprobs": True,
-    "top_logprobs": 3,
     "tools": [TOOL],
     "tool_choice": "required",
     "functions": [TOOL["function"]],
@@ -99,7 +103,7 @@ ASKS: dict[str, Any] = {
     "echo": True,
     "suffix": "}",
 }
-ASKS_ON: dict[tuple[Api, str], Any] = {("completions", "logprobs"): 5}  # a count there
+ASKS_ON: dict[tuple[Api, str], Any] = {}
 UNKNOWN = ["temperatur", "foo", "guided_json", "frequency_penalties"]
 
 
@@ -145,8 +149,10 @@ def asks(api: Api, parameter: Parameter) -> Any:
 @pytest.mark.unit
 @pytest.mark.parametrize(("api", "parameter"), cases("supported", "extension"))
 def test_a_supported_parameter_has_its_effect(api: Api, parameter: Parameter) -> None:
-    effect = EFFECTS[parameter.name]
-    bare, given = request(api, body(api)), request(api, body(api, **{parameter.name: effect.value}))
+    effect = EFFECTS_ON.get((api, parameter.name), EFFECTS[parameter.name])
+    base = BASE_ON.get((api, parameter.name), {})
+    bare = request(api, body(api, **base))
+    given = request(api, body(api, **base, **{parameter.name: effect.value}))
     assert effect.read(given) == effect.expected
     if parameter.name not in ("n", "stream_options"):
         assert effect.read(bare) != effect.expected  # the value did something
@@ -179,10 +185,10 @@ def test_a_refused_parameter_passes_when_it_asks_for_nothing(api: Api, parameter
 
 @pytest.mark.unit
 def test_neutral_values_compare_as_json() -> None:
-    top_logprobs = parameters("chat")["top_logprobs"]
-    assert top_logprobs.asks_for_nothing(0) and top_logprobs.asks_for_nothing(0.0)
-    assert not top_logprobs.asks_for_nothing(False)  # false is not 0 in JSON
-    assert not parameters("chat")["logprobs"].asks_for_nothing(0)
+    best_of = parameters("completions")["best_of"]
+    assert best_of.asks_for_nothing(1) and best_of.asks_for_nothing(1.0)
+    assert not best_of.asks_for_nothing(True)  # true is not 1 in JSON
+    assert not parameters("chat")["tools"].asks_for_nothing(0)
 
 
 @pytest.mark.unit
@@ -312,7 +318,8 @@ def http_cases() -> list[tuple[Api, dict[str, Any], str | None, str | None]]:
             elif p.status == "ignored":
                 accepted.append((api, {p.name: IGNORED_SAMPLES[p.name]}, None, None))
             elif p.name != "model":  # the fake scheduler serves MODEL only
-                accepted.append((api, {p.name: EFFECTS[p.name].value}, None, None))
+                effect = EFFECTS_ON.get((api, p.name), EFFECTS[p.name])
+                accepted.append((api, {**BASE_ON.get((api, p.name), {}), p.name: effect.value}, None, None))
     unknown = [(api, {name: 1}, "unknown_parameter", name) for api in BOTH for name in UNKNOWN]
     return accepted + refused + unknown
 
@@ -380,7 +387,7 @@ async def test_the_openai_client_sees_the_contract(stack: Stack) -> None:
     for kwargs, param, code in (
         ({"tools": [TOOL]}, "tools", "unsupported_parameter"),
         ({"response_format": {"type": "json_object"}}, "response_format", "unsupported_parameter"),
-        ({"logprobs": True, "top_logprobs": 2}, "logprobs", "unsupported_parameter"),
+        ({"top_logprobs": 2}, "top_logprobs", "invalid_value"),  # without logprobs: true
         ({"extra_body": {"guided_choice": ["a", "b"]}}, "guided_choice", "unknown_parameter"),
     ):
         with pytest.raises(openai.BadRequestError) as caught:

@@ -156,7 +156,7 @@ def request(
 ) -> EngineRequest:
     sampling_keys = {
         "top_p", "seed", "stop", "ignore_eos", "min_tokens",
-        "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias",
+        "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "logprobs",
     }  # fmt: skip
     sampling = SamplingParams(
         max_tokens=max_tokens, temperature=temperature, **{k: v for k, v in kw.items() if k in sampling_keys}

@@ -7,7 +7,7 @@ import torch
 
 from clairvoyant.core.errors import ContextLengthExceeded
 from clairvoyant.worker.core.engine import SamplingParams
-from clairvoyant.worker.core.sampling import SampleRow, adjust_logits
+from clairvoyant.worker.core.sampling import SampleRow, adjust_logits, token_logprobs
 from tests.worker.fakes import EOS, Collected, FakeRunner, collect, drain, letters, make_engine, request
 
 pytestmark = pytest.mark.unit
@@ -238,3 +238,28 @@ def test_a_frequency_penalty_breaks_a_greedy_loop() -> None:
     assert max(penalised.token_ids.count(t) for t in penalised.token_ids) < max(
         plain.token_ids.count(t) for t in plain.token_ids
     )
+
+
+# ---- log probabilities ----------------------------------------------------------------------------
+def test_logprobs_name_each_token_and_its_top_alternatives() -> None:
+    greedy = _run_alone(max_tokens=8, logprobs=3)
+    entries = [lp for out in greedy.outputs for lp in out.logprobs]
+    assert [lp.token_id for lp in entries] == greedy.token_ids
+    for lp in entries:
+        assert len(lp.top) == 3 and lp.top[0][0] == lp.token_id  # greedy picks the most likely
+        assert lp.logprob == lp.top[0][1] <= 0
+        assert [v for _, v in lp.top] == sorted((v for _, v in lp.top), reverse=True)
+    # The model's own distribution: temperature and penalties change the pick, not the numbers.
+    hot = _run_alone(max_tokens=8, logprobs=0, temperature=1.5, seed=9, frequency_penalty=2.0)
+    assert all(lp.top == () and lp.logprob <= 0 for out in hot.outputs for lp in out.logprobs)
+    assert len([lp for out in hot.outputs for lp in out.logprobs]) == len(hot.token_ids)
+    assert all(not out.logprobs for out in _run_alone(max_tokens=4).outputs)  # none unless asked
+
+
+def test_logprobs_are_log_softmax_of_the_logits() -> None:
+    logits = torch.tensor([1.0, 3.0, 0.0, 3.0])
+    lp = token_logprobs(logits, 2, 2)
+    expected = torch.log_softmax(logits, dim=-1)
+    assert lp.logprob == pytest.approx(expected[2].item())
+    assert [t for t, _ in lp.top] == [1, 3]  # a tie: the lower id first, as argmax
+    assert lp.top[0][1] == pytest.approx(expected[1].item())

@@ -64,6 +64,9 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter("frequency_penalty", "supported", BOTH),
     Parameter("presence_penalty", "supported", BOTH),
     Parameter("logit_bias", "supported", BOTH),
+    # Chat: a bool.  Completions: a count, where even 0 asks for the chosen tokens' log probabilities.
+    Parameter("logprobs", "supported", BOTH),
+    Parameter("top_logprobs", "supported", CHAT),
     Parameter("app_metadata", "extension", BOTH),
     Parameter("echo_annotations", "extension", BOTH),
     Parameter("extra_body", "extension", BOTH),  # its fields count as top-level ones
@@ -85,9 +88,6 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter("service_tier", "ignored", CHAT),
     # Tools are refused, so there is never a tool call to run in parallel.
     Parameter("parallel_tool_calls", "ignored", CHAT),
-    # Chat: a bool.  Completions: a count, where even 0 asks for the chosen tokens' log probabilities.
-    Parameter("logprobs", "refused", BOTH, (False,)),
-    Parameter("top_logprobs", "refused", CHAT, (0,)),
     Parameter("tools", "refused", CHAT, ([],)),
     Parameter("tool_choice", "refused", CHAT, ("none", "auto")),  # "auto" with no tools calls none
     Parameter("functions", "refused", CHAT, ([],)),

@@ -177,6 +177,10 @@ class GenerationBody(_Strict):
     def requested_max_tokens(self) -> tuple[int | None, str]:
         return self.max_tokens, "max_tokens"
 
+    def requested_logprobs(self) -> int | None:
+        """None: no log probabilities; k: each token's and the top k alternatives'."""
+        return None
+
     def token_counts(self, max_tokens_limit: int | None = None) -> tuple[int | None, int]:
         """(max_tokens, min_tokens) as asked (max_tokens None when unset).  InvalidRequest when
         either is past ``max_tokens_limit`` (None: no limit) or min_tokens exceeds max_tokens."""
@@ -204,6 +208,14 @@ class ChatCompletionBody(GenerationBody):
     api: ClassVar[Api] = "chat"
     messages: list[ChatMessageIn] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    def requested_logprobs(self) -> int | None:
+        """The top alternatives per token when log probabilities are asked for, else None."""
+        if self.top_logprobs and not self.logprobs:
+            raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def requested_max_tokens(self) -> tuple[int | None, str]:
         # The newer name wins: the OpenAI SDK sends it, older clients send max_tokens.
@@ -226,6 +238,10 @@ class ChatCompletionBody(GenerationBody):
 class CompletionBody(GenerationBody):
     api: ClassVar[Api] = "completions"
     prompt: Annotated[Any, PROMPT_SCHEMA] = Field()  # required; a string or a list of exactly one
+    logprobs: int | None = Field(default=None, ge=0, le=5)  # OpenAI's limit here
+
+    def requested_logprobs(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod
@@ -314,11 +330,33 @@ class AssistantMessage(BaseModel):
     content: str
 
 
+class TopLogprobOut(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(TopLogprobOut):
+    top_logprobs: list[TopLogprobOut]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None
+    refusal: None = None
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: str
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionOut(BaseModel):
@@ -340,7 +378,7 @@ class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatChunkOut(BaseModel):
@@ -357,7 +395,7 @@ class TextChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class TextCompletionOut(BaseModel):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any, Protocol
 
 import grpc
@@ -82,6 +82,7 @@ class Generation:
         self._response_block_hashes: tuple[int, ...] = ()
         self._prompt_token_ids: tuple[int, ...] = ()
         self._output_token_ids: list[int] = []
+        self.logprobs: list[common_pb2.TokenLogprob] = []  # every token's so far (when asked for)
         self._error: ClairvoyantError | None = None
         self._recorded = True  # False: release the placement but publish nothing
         # Set by Pipeline.start on success: from then on, closing this generation ends the request
@@ -107,11 +108,18 @@ class Generation:
 
     async def deltas(self) -> AsyncIterator[str]:
         """The output text piece by piece.  Raises ClairvoyantError if the worker fails mid-way."""
+        async for text, _ in self.pieces():
+            if text:
+                yield text
+
+    async def pieces(self) -> AsyncIterator[tuple[str, Sequence[common_pb2.TokenLogprob]]]:
+        """The output piece by piece: new text and the new tokens' log probabilities (empty unless
+        asked for); either may be empty.  Raises ClairvoyantError if the worker fails mid-way."""
         msg, self._pending = self._pending, None
         while msg is not None:
             self._absorb(msg)
-            if msg.text:
-                yield msg.text
+            if msg.text or msg.logprobs:
+                yield msg.text, msg.logprobs
             if self.finish_reason is not None:
                 return
             msg = await self._read()
@@ -128,6 +136,7 @@ class Generation:
             self.finish_reason,
             self.usage,
             self.annotations,
+            tuple(self.logprobs) if self.request.sampling.logprobs is not None else None,
         )
 
     async def _read(self) -> worker_pb2.GenerateResponse | None:
@@ -149,6 +158,7 @@ class Generation:
             self._attempt_span.add_event("first_token")
         self._tokens_seen += len(msg.token_ids)
         self._output_token_ids.extend(msg.token_ids)
+        self.logprobs.extend(msg.logprobs)
         if msg.HasField("usage"):
             self.usage = TokenUsage.from_proto(msg.usage)
         else:

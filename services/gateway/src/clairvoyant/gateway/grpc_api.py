@@ -44,6 +44,8 @@ def body_of(request: gateway_pb2.ChatCompletionRequest, stream: bool) -> dict[st
     for name in ("max_tokens", "temperature", "top_p", "seed", "frequency_penalty", "presence_penalty", "repetition_penalty"):
         if sampling.HasField(name):
             body[name] = getattr(sampling, name)
+    if sampling.HasField("logprobs"):
+        body["logprobs"], body["top_logprobs"] = True, sampling.logprobs
     if sampling.logit_bias:
         body["logit_bias"] = {str(token): bias for token, bias in sampling.logit_bias.items()}
     if sampling.stop:
@@ -106,6 +108,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             content=result.text,
             finish_reason=result.finish_reason,
             usage=result.usage.to_proto(),
+            logprobs=result.logprobs or (),
         )
         if req.echo_annotations:
             reply.annotations.CopyFrom(result.annotations or common_pb2.SysAnnotations())
@@ -123,12 +126,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         status = "CANCELLED"  # unless the loop below gets to the end or fails
         chunk_id = f"chatcmpl-{req.request_id}"
         try:
-            async for text in generation.deltas():
+            async for text, logprobs in generation.pieces():
                 await context.write(
                     gateway_pb2.ChatCompletionChunk(
-                        id=chunk_id, model=generation.request.model, created=generation.created, delta=text
+                        id=chunk_id, model=generation.request.model, created=generation.created, delta=text,
+                        logprobs=logprobs,
                     )
-                )
+                )  # fmt: skip
             last = gateway_pb2.ChatCompletionChunk(
                 id=chunk_id,
                 model=generation.request.model,  # the served model (a model group's choice)

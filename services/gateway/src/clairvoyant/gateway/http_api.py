@@ -34,6 +34,7 @@ from clairvoyant.core.openai_schema import (
     validate_body,
 )
 from clairvoyant.core.telemetry import extract_context
+from clairvoyant.gateway import anthropic_api
 from clairvoyant.gateway.config import GatewaySettings
 from clairvoyant.gateway.frontend import GatewayFrontend
 from clairvoyant.gateway.metrics import RequestCounter
@@ -225,6 +226,12 @@ def create_app(settings: GatewaySettings, frontend: GatewayFrontend) -> FastAPI:
             if err.param == "messages":  # the worker calls any prompt "messages"
                 err.param = "prompt"
             raise
+
+    @app.post("/v1/messages", openapi_extra=anthropic_api.body_doc(), responses=anthropic_api.responses())
+    async def messages(request: Request) -> Response:
+        return await anthropic_api.create_message(
+            request, frontend, read_json=read_json, until_disconnected=until_disconnected
+        )
 
     @app.get("/v1/models", responses={200: {"model": ModelList}, **error_responses(401, 500, 503)})
     async def list_models(request: Request) -> Response:

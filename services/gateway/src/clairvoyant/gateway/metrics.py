@@ -57,6 +57,7 @@ for _reason in BUSY_REASONS:
 HTTP_ENDPOINTS = {
     "/v1/chat/completions": "chat.completions",
     "/v1/completions": "completions",
+    "/v1/messages": "messages",
     "/v1/models": "models",
 }
 

@@ -25,6 +25,7 @@ def sampling(body: GenerationBody, max_tokens_limit: int) -> Sampling:
         presence_penalty=body.presence_penalty,
         repetition_penalty=body.repetition_penalty,
         logit_bias=body.logit_biases(),
+        logprobs=body.requested_logprobs(),
     )
 
 

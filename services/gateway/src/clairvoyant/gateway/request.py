@@ -14,7 +14,7 @@ from clairvoyant.core.app_metadata import AppMetadata
 from clairvoyant.core.openai_schema import ChatTurn
 
 # The value of CompletionRecord.endpoint, and the label on the gateway's metrics.
-Endpoint = Literal["chat.completions", "completions", "grpc"]
+Endpoint = Literal["chat.completions", "completions", "messages", "grpc"]
 
 
 @dataclass(frozen=True)
@@ -30,12 +30,15 @@ class Sampling:
     presence_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
+    logprobs: int | None = None  # None: none; k: each token's log probability and the top k
 
     def to_proto(self) -> common_pb2.SamplingParams:
         msg = common_pb2.SamplingParams(
             stop=list(self.stop), ignore_eos=self.ignore_eos, min_tokens=self.min_tokens,
             logit_bias=dict(self.logit_bias),
         )  # fmt: skip
+        if self.logprobs is not None:
+            msg.logprobs = self.logprobs
         for name in ("frequency_penalty", "presence_penalty", "repetition_penalty"):
             value = getattr(self, name)
             if value is not None:
@@ -122,3 +125,4 @@ class CompletionResult:
     finish_reason: str
     usage: TokenUsage
     annotations: common_pb2.SysAnnotations | None = field(default=None)
+    logprobs: tuple[common_pb2.TokenLogprob, ...] | None = None  # None: not asked for

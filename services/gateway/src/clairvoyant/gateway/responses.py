@@ -3,6 +3,7 @@ chat.completion and text_completion, with the profiler's annotations when asked 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from google.protobuf.json_format import MessageToDict
@@ -12,8 +13,12 @@ from clairvoyant.core.openai_schema import (
     AssistantMessage,
     ChatChoice,
     ChatCompletionOut,
+    ChatLogprobs,
+    ChatTokenLogprob,
+    CompletionLogprobs,
     TextChoice,
     TextCompletionOut,
+    TopLogprobOut,
     UsageOut,
     chat_id,
     completion_id,
@@ -32,13 +37,48 @@ def annotations_dict(annotations: common_pb2.SysAnnotations | None) -> dict[str,
     return MessageToDict(annotations, preserving_proto_field_name=True)
 
 
+def _top(token: str, logprob: float) -> TopLogprobOut:
+    return TopLogprobOut(token=token, logprob=logprob, bytes=list(token.encode()))
+
+
+def chat_logprobs(logprobs: Sequence[common_pb2.TokenLogprob]) -> ChatLogprobs:
+    """OpenAI's chat ``logprobs``: one entry per token, with its text's UTF-8 bytes."""
+    return ChatLogprobs(
+        content=[
+            ChatTokenLogprob(
+                token=lp.token, logprob=lp.logprob, bytes=list(lp.token.encode()),
+                top_logprobs=[_top(top.token, top.logprob) for top in lp.top],
+            )
+            for lp in logprobs
+        ]
+    )  # fmt: skip
+
+
+def completion_logprobs(logprobs: Sequence[common_pb2.TokenLogprob], offset: int = 0) -> CompletionLogprobs:
+    """The legacy completions ``logprobs``; ``text_offset`` counts characters from the start of the
+    completion's text (``offset``: the characters streamed before these tokens)."""
+    offsets = []
+    for lp in logprobs:
+        offsets.append(offset)
+        offset += len(lp.token)
+    return CompletionLogprobs(
+        tokens=[lp.token for lp in logprobs],
+        token_logprobs=[lp.logprob for lp in logprobs],
+        top_logprobs=[{top.token: top.logprob for top in lp.top} for lp in logprobs],
+        text_offset=offsets,
+    )
+
+
 def chat_completion(result: CompletionResult, echo_annotations: bool) -> ChatCompletionOut:
+    logprobs = None if result.logprobs is None else chat_logprobs(result.logprobs)
     return ChatCompletionOut(
         id=chat_id(result.request_id),
         created=result.created,
         model=result.model,
         choices=[
-            ChatChoice(message=AssistantMessage(content=result.text), finish_reason=result.finish_reason)
+            ChatChoice(
+                message=AssistantMessage(content=result.text), finish_reason=result.finish_reason, logprobs=logprobs
+            )
         ],
         usage=usage_out(result.usage),
         annotations=annotations_dict(result.annotations) if echo_annotations else None,
@@ -50,7 +90,12 @@ def text_completion(result: CompletionResult, echo_annotations: bool) -> TextCom
         id=completion_id(result.request_id),
         created=result.created,
         model=result.model,
-        choices=[TextChoice(text=result.text, finish_reason=result.finish_reason)],
+        choices=[
+            TextChoice(
+                text=result.text, finish_reason=result.finish_reason,
+                logprobs=None if result.logprobs is None else completion_logprobs(result.logprobs),
+            )
+        ],  # fmt: skip
         usage=usage_out(result.usage),
         annotations=annotations_dict(result.annotations) if echo_annotations else None,
     )

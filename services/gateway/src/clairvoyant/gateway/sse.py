@@ -20,13 +20,15 @@ from clairvoyant.core.openai_schema import (
     ChatChunkChoice,
     ChatChunkOut,
     ChatDelta,
+    ChatLogprobs,
+    CompletionLogprobs,
     TextChoice,
     TextCompletionOut,
     chat_id,
     completion_id,
 )
 from clairvoyant.gateway.generation import Generation
-from clairvoyant.gateway.responses import annotations_dict, usage_out
+from clairvoyant.gateway.responses import annotations_dict, chat_logprobs, completion_logprobs, usage_out
 
 DONE = b"data: [DONE]\n\n"
 
@@ -41,8 +43,12 @@ def event(payload: BaseModel | dict[str, Any]) -> bytes:
 async def chat_events(generation: Generation, include_usage: bool) -> AsyncIterator[bytes]:
     request = generation.request
 
-    def chunk(delta: ChatDelta, finish_reason: str | None = None, **extra: Any) -> bytes:
-        choice = ChatChunkChoice(delta=delta, finish_reason=finish_reason)
+    wants_logprobs = request.sampling.logprobs is not None
+
+    def chunk(
+        delta: ChatDelta, finish_reason: str | None = None, *, logprobs: ChatLogprobs | None = None, **extra: Any
+    ) -> bytes:
+        choice = ChatChunkChoice(delta=delta, finish_reason=finish_reason, logprobs=logprobs)
         return event(
             ChatChunkOut(
                 id=chat_id(request.request_id),
@@ -55,9 +61,11 @@ async def chat_events(generation: Generation, include_usage: bool) -> AsyncItera
 
     try:
         yield chunk(ChatDelta(role="assistant", content=""))
-        async for text in generation.deltas():
-            yield chunk(ChatDelta(content=text))
-        echo = {"annotations": annotations_dict(generation.annotations)} if request.echo_annotations else {}
+        async for text, logprobs in generation.pieces():
+            yield chunk(ChatDelta(content=text), logprobs=chat_logprobs(logprobs) if wants_logprobs else None)
+        echo: dict[str, Any] = (
+            {"annotations": annotations_dict(generation.annotations)} if request.echo_annotations else {}
+        )
         yield chunk(ChatDelta(), generation.finish_reason, **echo)
         if include_usage:
             yield event(
@@ -80,8 +88,13 @@ async def chat_events(generation: Generation, include_usage: bool) -> AsyncItera
 async def text_events(generation: Generation, include_usage: bool) -> AsyncIterator[bytes]:
     request = generation.request
 
-    def chunk(text: str, finish_reason: str | None = None, **extra: Any) -> bytes:
-        choice = TextChoice(text=text, finish_reason=finish_reason)
+    wants_logprobs = request.sampling.logprobs is not None
+    offset = 0  # characters of the completion's text streamed so far
+
+    def chunk(
+        text: str, finish_reason: str | None = None, *, logprobs: CompletionLogprobs | None = None, **extra: Any
+    ) -> bytes:
+        choice = TextChoice(text=text, finish_reason=finish_reason, logprobs=logprobs)
         return event(
             TextCompletionOut(
                 id=completion_id(request.request_id),
@@ -93,9 +106,12 @@ async def text_events(generation: Generation, include_usage: bool) -> AsyncItera
         )
 
     try:
-        async for text in generation.deltas():
-            yield chunk(text)
-        echo = {"annotations": annotations_dict(generation.annotations)} if request.echo_annotations else {}
+        async for text, logprobs in generation.pieces():
+            yield chunk(text, logprobs=completion_logprobs(logprobs, offset) if wants_logprobs else None)
+            offset += sum(len(lp.token) for lp in logprobs)
+        echo: dict[str, Any] = (
+            {"annotations": annotations_dict(generation.annotations)} if request.echo_annotations else {}
+        )
         yield chunk("", generation.finish_reason, **echo)
         if include_usage:
             yield event(

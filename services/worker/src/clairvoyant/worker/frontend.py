@@ -32,7 +32,7 @@ from clairvoyant.worker.core.sequence import Lineage
 from clairvoyant.worker.directives import apply_directives
 from clairvoyant.worker.engine_loop import AsyncEngine
 from clairvoyant.worker.kv_wire import KvLayout
-from clairvoyant.worker.runners.base import CopiesKv, EmulatesKvTransfer, ModelRunner
+from clairvoyant.worker.runners.base import CopiesKv, EmulatesKvTransfer, FastForwardRunner, ModelRunner
 
 
 class Frontend(Protocol):
@@ -46,6 +46,7 @@ class Frontend(Protocol):
     @property
     def max_model_len(self) -> int: ...
     async def encode(self, prompt: PromptInput) -> list[int]: ...
+    def token_text(self, token_id: int) -> str: ...
     def default_max_tokens(self, prompt_len: int) -> int: ...
     def build_request(
         self,
@@ -128,6 +129,10 @@ class WorkerFrontend:
         """``tokenize``, as the edges call every frontend (a peer engine's tokenizes over HTTP)."""
         return self.tokenize(prompt)
 
+    def token_text(self, token_id: int) -> str:
+        """One token's text (log probabilities name their tokens)."""
+        return self.runner.tokenizer.decode([token_id])
+
     async def apply_directives(self, messages: Sequence[cachemgr_pb2.CacheDirective]) -> int:
         """Check, then apply a batch (``directives.apply_directives``); raises DirectiveRejected."""
         return await apply_directives(self.engine, messages, self.worker_id)
@@ -146,6 +151,8 @@ class WorkerFrontend:
     ) -> EngineRequest:
         """Checks the context window and the logit bias's token ids, then builds the engine
         request.  Raises InvalidRequest."""
+        if sampling.logprobs is not None and isinstance(self.runner, FastForwardRunner):
+            raise InvalidRequest(f"logprobs: the {self.runner.info.name} runner computes no logits", param="logprobs")
         vocab = self.runner.info.vocab_size
         outside = [token for token, _ in sampling.logit_bias if token >= vocab]
         if outside:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import grpc
 
@@ -15,7 +15,7 @@ from clairvoyant.core.grpc_errors import abort
 from clairvoyant.core.telemetry import extract_context, tracer
 from clairvoyant.worker.block_hashes import SequenceHasher
 from clairvoyant.worker.core.kv_transfer import KvTransferError
-from clairvoyant.worker.core.sampling import SamplingParams
+from clairvoyant.worker.core.sampling import SamplingParams, TokenLogprob
 from clairvoyant.worker.core.sequence import Lineage
 from clairvoyant.worker.directives import DirectiveRejected
 from clairvoyant.worker.frontend import Frontend, PromptInput, WorkerFrontend
@@ -51,7 +51,27 @@ def sampling_params(msg: common_pb2.SamplingParams, default_max_tokens: int) -> 
         presence_penalty=msg.presence_penalty if msg.HasField("presence_penalty") else 0.0,
         repetition_penalty=msg.repetition_penalty if msg.HasField("repetition_penalty") else 1.0,
         logit_bias=tuple(sorted(msg.logit_bias.items())),
+        logprobs=msg.logprobs if msg.HasField("logprobs") else None,
     )
+
+
+def logprobs_proto(logprobs: Sequence[TokenLogprob], text_of: Callable[[int], str]) -> list[common_pb2.TokenLogprob]:
+    """Log probabilities as the contract carries them, each token named by its text."""
+    out = []
+    for lp in logprobs:
+        top_texts = lp.top_texts or tuple(text_of(token) for token, _ in lp.top)
+        out.append(
+            common_pb2.TokenLogprob(
+                token_id=lp.token_id,
+                token=lp.text if lp.text is not None else text_of(lp.token_id),
+                logprob=lp.logprob,
+                top=[
+                    common_pb2.TopLogprob(token_id=token, token=text, logprob=value)
+                    for (token, value), text in zip(lp.top, top_texts, strict=True)
+                ],
+            )
+        )
+    return out
 
 
 def lineage(tenant: str, meta: common_pb2.AppMetadata, request_id: str) -> Lineage:
@@ -123,6 +143,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     reply = worker_pb2.GenerateResponse(
                         request_id=request_id, text=out.new_text, token_ids=out.new_token_ids
                     )
+                    if out.logprobs:
+                        reply.logprobs.extend(logprobs_proto(out.logprobs, self.frontend.token_text))
                     if first:
                         reply.prompt_tokens = out.prompt_tokens
                         if out.new_token_ids:

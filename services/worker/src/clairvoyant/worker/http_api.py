@@ -143,6 +143,11 @@ def create_app(frontend: WorkerFrontend, heartbeat: Heartbeat) -> FastAPI:
             raise frontend.draining_error()
         if body.model != frontend.model_name:
             raise InvalidRequest(f"this worker serves {frontend.model_name!r}", param="model", code="model_not_found")
+        if body.requested_logprobs() is not None:
+            raise InvalidRequest(
+                "logprobs are served through the gateway, not a worker's own endpoint",
+                param="logprobs", code="unsupported_parameter",
+            )  # fmt: skip
         ids = await frontend.encode(prompt)
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         try:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from clairvoyant.contracts.v1 import common_pb2 as clairvoyant_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x63lairvoyant/v1/gateway.proto\x12\x0e\x63lairvoyant.v1\x1a\x1b\x63lairvoyant/v1/common.proto\"\x81\x02\n\x15\x43hatCompletionRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12-\n\x08messages\x18\x02 \x03(\x0b\x32\x1b.clairvoyant.v1.ChatMessage\x12\x30\n\x08sampling\x18\x03 \x01(\x0b\x32\x1e.clairvoyant.v1.SamplingParams\x12\x36\n\x0c\x61pp_metadata\x18\x04 \x01(\x0b\x32\x1b.clairvoyant.v1.AppMetadataH\x00\x88\x01\x01\x12\x15\n\rinclude_usage\x18\x05 \x01(\x08\x12\x18\n\x10\x65\x63ho_annotations\x18\x06 \x01(\x08\x42\x0f\n\r_app_metadata\"\xdc\x01\n\x16\x43hatCompletionResponse\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07\x63reated\x18\x03 \x01(\x03\x12\x0f\n\x07\x63ontent\x18\x04 \x01(\t\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\x12$\n\x05usage\x18\x06 \x01(\x0b\x32\x15.clairvoyant.v1.Usage\x12\x38\n\x0b\x61nnotations\x18\x07 \x01(\x0b\x32\x1e.clairvoyant.v1.SysAnnotationsH\x00\x88\x01\x01\x42\x0e\n\x0c_annotations\"\xfd\x01\n\x13\x43hatCompletionChunk\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07\x63reated\x18\x03 \x01(\x03\x12\r\n\x05\x64\x65lta\x18\x04 \x01(\t\x12\x1a\n\rfinish_reason\x18\x05 \x01(\tH\x00\x88\x01\x01\x12)\n\x05usage\x18\x06 \x01(\x0b\x32\x15.clairvoyant.v1.UsageH\x01\x88\x01\x01\x12\x38\n\x0b\x61nnotations\x18\x07 \x01(\x0b\x32\x1e.clairvoyant.v1.SysAnnotationsH\x02\x88\x01\x01\x42\x10\n\x0e_finish_reasonB\x08\n\x06_usageB\x0e\n\x0c_annotations2\xd0\x01\n\x07Gateway\x12_\n\x0e\x43hatCompletion\x12%.clairvoyant.v1.ChatCompletionRequest\x1a&.clairvoyant.v1.ChatCompletionResponse\x12\x64\n\x14\x43hatCompletionStream\x12%.clairvoyant.v1.ChatCompletionRequest\x1a#.clairvoyant.v1.ChatCompletionChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x63lairvoyant/v1/gateway.proto\x12\x0e\x63lairvoyant.v1\x1a\x1b\x63lairvoyant/v1/common.proto\"\x81\x02\n\x15\x43hatCompletionRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12-\n\x08messages\x18\x02 \x03(\x0b\x32\x1b.clairvoyant.v1.ChatMessage\x12\x30\n\x08sampling\x18\x03 \x01(\x0b\x32\x1e.clairvoyant.v1.SamplingParams\x12\x36\n\x0c\x61pp_metadata\x18\x04 \x01(\x0b\x32\x1b.clairvoyant.v1.AppMetadataH\x00\x88\x01\x01\x12\x15\n\rinclude_usage\x18\x05 \x01(\x08\x12\x18\n\x10\x65\x63ho_annotations\x18\x06 \x01(\x08\x42\x0f\n\r_app_metadata\"\x8c\x02\n\x16\x43hatCompletionResponse\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07\x63reated\x18\x03 \x01(\x03\x12\x0f\n\x07\x63ontent\x18\x04 \x01(\t\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\x12$\n\x05usage\x18\x06 \x01(\x0b\x32\x15.clairvoyant.v1.Usage\x12\x38\n\x0b\x61nnotations\x18\x07 \x01(\x0b\x32\x1e.clairvoyant.v1.SysAnnotationsH\x00\x88\x01\x01\x12.\n\x08logprobs\x18\x08 \x03(\x0b\x32\x1c.clairvoyant.v1.TokenLogprobB\x0e\n\x0c_annotations\"\xad\x02\n\x13\x43hatCompletionChunk\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07\x63reated\x18\x03 \x01(\x03\x12\r\n\x05\x64\x65lta\x18\x04 \x01(\t\x12\x1a\n\rfinish_reason\x18\x05 \x01(\tH\x00\x88\x01\x01\x12)\n\x05usage\x18\x06 \x01(\x0b\x32\x15.clairvoyant.v1.UsageH\x01\x88\x01\x01\x12\x38\n\x0b\x61nnotations\x18\x07 \x01(\x0b\x32\x1e.clairvoyant.v1.SysAnnotationsH\x02\x88\x01\x01\x12.\n\x08logprobs\x18\x08 \x03(\x0b\x32\x1c.clairvoyant.v1.TokenLogprobB\x10\n\x0e_finish_reasonB\x08\n\x06_usageB\x0e\n\x0c_annotations2\xd0\x01\n\x07Gateway\x12_\n\x0e\x43hatCompletion\x12%.clairvoyant.v1.ChatCompletionRequest\x1a&.clairvoyant.v1.ChatCompletionResponse\x12\x64\n\x14\x43hatCompletionStream\x12%.clairvoyant.v1.ChatCompletionRequest\x1a#.clairvoyant.v1.ChatCompletionChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,9 +35,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CHATCOMPLETIONREQUEST']._serialized_start=78
   _globals['_CHATCOMPLETIONREQUEST']._serialized_end=335
   _globals['_CHATCOMPLETIONRESPONSE']._serialized_start=338
-  _globals['_CHATCOMPLETIONRESPONSE']._serialized_end=558
-  _globals['_CHATCOMPLETIONCHUNK']._serialized_start=561
-  _globals['_CHATCOMPLETIONCHUNK']._serialized_end=814
-  _globals['_GATEWAY']._serialized_start=817
-  _globals['_GATEWAY']._serialized_end=1025
+  _globals['_CHATCOMPLETIONRESPONSE']._serialized_end=606
+  _globals['_CHATCOMPLETIONCHUNK']._serialized_start=609
+  _globals['_CHATCOMPLETIONCHUNK']._serialized_end=910
+  _globals['_GATEWAY']._serialized_start=913
+  _globals['_GATEWAY']._serialized_end=1121
 # @@protoc_insertion_point(module_scope)

@@ -30,7 +30,13 @@ from clairvoyant.worker.core.decode_run import (
 )
 from clairvoyant.worker.core.detokenize import IncrementalDetokenizer, NoText
 from clairvoyant.worker.core.l3 import L3Store
-from clairvoyant.worker.core.sampling import SamplingParams, make_generator, sample
+from clairvoyant.worker.core.sampling import (
+    SamplingParams,
+    TokenLogprob,
+    make_generator,
+    sample,
+    token_logprobs,
+)
 from clairvoyant.worker.core.scheduler import Scheduler, SchedulerOutput
 from clairvoyant.worker.core.sequence import Sequence, SequenceStatus
 from clairvoyant.worker.core.tiers import Directive, DirectiveError, Executor, KvTiers, TierConfig
@@ -302,6 +308,7 @@ class LLMEngine:
             return outputs
         items: list[ForwardItem] = []
         samplers: list[Sequence] = []
+        logprobs: list[TokenLogprob | None]
         for seq, n in batch.chunks:
             start = seq.num_computed_tokens
             want_logits = start + n == seq.num_tokens and not seq.background
@@ -310,16 +317,21 @@ class LLMEngine:
                 samplers.append(seq)
         if self._fast_forward:  # the runner knows its tokens: no logits to build and sample
             token_ids = cast(FastForwardRunner, self.runner).forward_tokens(items)
+            logprobs = [None] * len(token_ids)
         else:
             logits = self.runner.forward(items)
             token_ids = sample(logits, [seq.sample_row() for seq in samplers])
+            logprobs = [
+                None if seq.params.logprobs is None else token_logprobs(logits[i], token_ids[i], seq.params.logprobs)
+                for i, seq in enumerate(samplers)
+            ]
         now = self.clock()
         for seq, n in batch.chunks:
             start = seq.num_computed_tokens
             self._computed_prompt_tokens_total += max(0, min(start + n, seq.prompt_len) - start)
             seq.num_computed_tokens += n
-        for seq, token_id in zip(samplers, token_ids, strict=True):
-            outputs.append(self._append_token(seq, token_id, now))
+        for seq, token_id, logprob in zip(samplers, token_ids, logprobs, strict=True):
+            outputs.append(self._append_token(seq, token_id, now, logprob))
         for seq, _ in batch.chunks:
             if seq.is_finished:
                 continue
@@ -409,7 +421,9 @@ class LLMEngine:
         del self._seqs[seq.request_id]
         self.scheduler.remove(seq)
 
-    def _append_token(self, seq: Sequence, token_id: int, now: float) -> RequestOutput:
+    def _append_token(
+        self, seq: Sequence, token_id: int, now: float, logprob: TokenLogprob | None = None
+    ) -> RequestOutput:
         params = seq.params
         seq.token_ids.append(token_id)
         self._generated_tokens_total += 1
@@ -434,13 +448,15 @@ class LLMEngine:
             seq.finish_reason = reason
             del self._seqs[seq.request_id]
             self.scheduler.remove(seq)
-        return self._output(seq, [token_id], text, reason is not None)
+        return self._output(seq, [token_id], text, reason is not None, () if logprob is None else (logprob,))
 
-    def _output(self, seq: Sequence, new_token_ids: list[int], text: str, finished: bool) -> RequestOutput:
+    def _output(
+        self, seq: Sequence, new_token_ids: list[int], text: str, finished: bool, logprobs: tuple[TokenLogprob, ...] = ()
+    ) -> RequestOutput:
         # Positional (in field order): one of these per row per step.
         return RequestOutput(
             seq.request_id, new_token_ids, text, finished, seq.finish_reason, seq.prompt_len,
-            seq.cached_tokens or 0, seq.num_output_tokens, seq.first_token_time,
+            seq.cached_tokens or 0, seq.num_output_tokens, seq.first_token_time, logprobs,
         )  # fmt: skip
 
     def _derive_seed(self, req: EngineRequest) -> int:

@@ -12,6 +12,10 @@ does (``vllm/v1/sample/ops/penalties.py``; OpenAI's API reference for the first 
    ``logit -= f * count(token) + p * (count(token) > 0)``;
 3. ``logit_bias`` (OpenAI's): the given value added to each named token's logit (-100 bans it in
    practice, 100 forces it).
+
+Log probabilities (``logprobs``) are those of the model's own distribution, before any of that and
+before temperature and top_p, as vLLM reports them by default (its ``raw_logprobs`` mode): they
+say what the model thought, whatever the sampling settings did with it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,30 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs
+
+
+class TokenLogprob(NamedTuple):
+    """One sampled token's log probability and the ``k`` most likely tokens at its position."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # (token id, log probability), most likely first
+    # The texts, from an engine that reports them (vLLM); None: decode the ids
+    text: str | None = None
+    top_texts: tuple[str, ...] = ()
+
+
+def token_logprobs(logits: torch.Tensor, token_id: int, k: int) -> TokenLogprob:
+    """``token_id``'s log probability under ``logits`` (one row, the model's raw output) and the
+    top ``k`` (ties: the lower id first, as argmax)."""
+    logprobs = torch.log_softmax(logits.detach().to(device="cpu", dtype=torch.float32), dim=-1)
+    top: tuple[tuple[int, float], ...] = ()
+    if k:
+        values, ids = torch.sort(logprobs, descending=True, stable=True)
+        top = tuple(zip(ids[:k].tolist(), values[:k].tolist(), strict=True))
+    return TokenLogprob(token_id, float(logprobs[token_id]), top)
 
 
 @dataclass(frozen=True)
@@ -38,6 +66,7 @@ class SamplingParams:
     presence_penalty: float = 0.0  # [-2, 2]: subtracted once if the token occurs in the output
     repetition_penalty: float = 1.0  # > 0: scales the logits of tokens in the prompt or the output
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
+    logprobs: int | None = None  # None: none; k: each token's log probability and the top k (0-20)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -55,6 +84,8 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if self.repetition_penalty <= 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}")
         for token, bias in self.logit_bias:
             if token < 0 or not -100.0 <= bias <= 100.0:
                 raise ValueError(f"logit_bias maps token ids >= 0 to values in [-100, 100], got {token}: {bias}")

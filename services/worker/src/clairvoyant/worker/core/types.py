@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from clairvoyant.worker.core.sampling import SamplingParams
+from clairvoyant.worker.core.sampling import SamplingParams, TokenLogprob
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -54,6 +54,7 @@ class RequestOutput:
     cached_tokens: int  # prompt tokens served from the prefix cache when the request was first admitted
     completion_tokens: int  # tokens generated so far, in total
     first_token_time: float | None  # engine clock time of the first sampled token
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per new token, when the request asked for them
 
 
 @dataclass

@@ -95,6 +95,10 @@ class ExternalFrontend:
                 f"{self.adapter.name} at {self.client.base_url} cannot be reached: {exc}"
             ) from exc
 
+    def token_text(self, token_id: int) -> str:
+        """Unused: the engine names its log probabilities' tokens itself."""
+        return ""
+
     def build_request(
         self,
         request_id: str,

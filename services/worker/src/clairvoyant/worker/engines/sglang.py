@@ -94,6 +94,8 @@ class SglangAdapter(EngineAdapter):
 
     def request_body(self, call: EngineCall) -> dict[str, object]:
         sampling = call.sampling
+        if sampling.logprobs is not None:  # SGLang has them (return_logprob); not passed through yet
+            raise InvalidRequest("logprobs are not available over sglang workers", param="logprobs")
         params: dict[str, object] = {
             "max_new_tokens": sampling.max_tokens,
             "temperature": sampling.temperature,

@@ -33,6 +33,7 @@ from collections.abc import AsyncIterator, Mapping
 import httpx
 
 from clairvoyant.core.errors import InvalidRequest
+from clairvoyant.worker.core.sampling import TokenLogprob
 from clairvoyant.worker.core.types import EngineStats, RequestOutput
 from clairvoyant.worker.engines.adapter import (
     EngineAdapter,
@@ -122,6 +123,8 @@ class VllmAdapter(EngineAdapter):
         }
         if sampling.logit_bias:
             body["logit_bias"] = {str(token): bias for token, bias in sampling.logit_bias}
+        if sampling.logprobs is not None:
+            body["logprobs"] = sampling.logprobs
         return body
 
     async def generate(
@@ -139,10 +142,13 @@ class VllmAdapter(EngineAdapter):
                     completion_tokens += len(ids)
                     finish = choice.get("finish_reason") or finish
                     if ids or choice.get("text"):
-                        yield stream_output(
+                        output = stream_output(
                             call.request_id, ids, choice.get("text") or "",
                             prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                         )  # fmt: skip
+                        if call.sampling.logprobs is not None:
+                            output.logprobs = vllm_logprobs(choice.get("logprobs") or {}, ids, call.sampling.logprobs)
+                        yield output
                 if isinstance(usage, dict):  # the last chunk (stream_options.include_usage)
                     details = usage.get("prompt_tokens_details") or {}
                     yield stream_output(
@@ -187,3 +193,21 @@ class VllmAdapter(EngineAdapter):
     def max_model_len(self, served: Mapping[str, object]) -> int | None:
         value = served.get("max_model_len")
         return int(value) if isinstance(value, int | float) else None
+
+
+def vllm_logprobs(block: Mapping[str, object], ids: list[int], k: int) -> tuple[TokenLogprob, ...]:
+    """A completions chunk's ``logprobs`` (``tokens``, ``token_logprobs``, ``top_logprobs`` as text
+    -> logprob) as ours; vLLM names the alternatives by text only, so their ids are 0."""
+    tokens = list(block.get("tokens") or [])  # type: ignore[call-overload]
+    values = list(block.get("token_logprobs") or [])  # type: ignore[call-overload]
+    tops = list(block.get("top_logprobs") or [])  # type: ignore[call-overload]
+    out = []
+    for index, token_id in enumerate(ids):
+        top = sorted((tops[index] or {}).items(), key=lambda item: -item[1])[:k] if index < len(tops) else []
+        out.append(
+            TokenLogprob(
+                token_id, float(values[index]) if index < len(values) else 0.0, tuple((0, float(v)) for _, v in top),
+                text=str(tokens[index]) if index < len(tokens) else "", top_texts=tuple(str(t) for t, _ in top),
+            )
+        )  # fmt: skip
+    return tuple(out)
