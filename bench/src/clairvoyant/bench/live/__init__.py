@@ -9,7 +9,10 @@
 - ``run``: one live experiment -> the metrics dict of ``--mode sim``;
 - ``validate``: the ``sim-vs-live`` benchmark (a stack of emulated workers against the simulator);
 - ``fleet``: emulated workers of several models behind our gateway, with a restartable scheduler;
-- ``compare``: the ``live-compare`` benchmark (our gateway under two presets against sglang-router).
+- ``vllm_fleet``: workers fronting real vLLM servers for ``live-compare --engine vllm``, and vLLM's counters;
+- ``routers``: sglang-router and vllm-router as child processes;
+- ``compare``: the ``live-compare`` benchmark (our gateway under two presets against sglang-router,
+  or against vllm-router on vLLM).
 
 A live run measures the one preset the running scheduler uses; comparing presets live means one
 stack (re)start per preset.  See docs/benchmarks.md, "Simulator against live".

@@ -8,7 +8,9 @@ Each workflow is a set of asyncio tasks, one per call; a call waits for its depe
 their tools), sends one streamed ``/v1/completions`` request through the official ``openai`` SDK,
 and records what the client sees.  ``max_tokens`` plus ``ignore_eos`` make every output length
 exact; ``app_metadata`` (workflow type, workflow id, agent id, parent request ids, upstream agent,
-and ``workflow_end`` on a workflow's only sink) rides in ``extra_body``.
+and ``workflow_end`` on a workflow's only sink) rides in ``extra_body``.  With ``session_header``
+the workflow id also rides in that header (what a session-affinity router keys on), and with
+``served_model`` every call names that one model instead of the workload's own.
 
 What each ``CallResult`` field means live (times are seconds since the run started):
 
@@ -48,6 +50,14 @@ def scale_tools(program: WorkflowProgram, factor: float) -> WorkflowProgram:
     return WorkflowProgram(program.workflow_type, program.workflow_id, calls)
 
 
+def cap_output(program: WorkflowProgram, max_tokens: int | None) -> WorkflowProgram:
+    """The same program with no call generating more than ``max_tokens`` (None: unchanged)."""
+    if max_tokens is None:
+        return program
+    calls = tuple(replace(c, output_tokens=min(c.output_tokens, max_tokens)) for c in program.calls)
+    return WorkflowProgram(program.workflow_type, program.workflow_id, calls)
+
+
 def _sole_sink(program: WorkflowProgram) -> str | None:
     sinks = [call_id for call_id, children in program.dependents().items() if not children]
     return sinks[0] if len(sinks) == 1 else None
@@ -67,12 +77,18 @@ class LiveDriver:
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
         on_workflow_done: Callable[[WorkflowRecord], None] | None = None,
         model_clients: Mapping[str, openai.AsyncOpenAI] | None = None,
+        session_header: str | None = None,
+        served_model: str | None = None,
     ) -> None:
         """``run_tag`` is appended to each ``app_metadata.workflow_id`` (``wf-00003@<tag>``) so that
         two runs of one instance are two sets of workflows to the profiler.  ``model_clients``: a
-        call of a model listed there goes to that client instead (e.g. one router per model)."""
+        call of a model listed there goes to that client instead (e.g. one router per model).
+        ``session_header``: a header that carries the workflow id; ``served_model``: the model
+        every call names (one served model standing in for all of the workload's)."""
         self.client = client
         self.model_clients = dict(model_clients or {})
+        self.session_header = session_header
+        self.served_model = served_model
         self.service_times = dict(service_times)
         self.prompts = TextPrompts(seed)
         self.run_tag = run_tag
@@ -137,11 +153,13 @@ class LiveDriver:
         if self._on_workflow_done is not None:
             self._on_workflow_done(record)
 
+    def _workflow_id(self, program: WorkflowProgram) -> str:
+        return f"{program.workflow_id}@{self.run_tag}" if self.run_tag else program.workflow_id
+
     def _metadata(self, program: WorkflowProgram, call: Call, request_ids: Mapping[str, str], last: bool) -> dict[str, Any]:
-        workflow_id = f"{program.workflow_id}@{self.run_tag}" if self.run_tag else program.workflow_id
         meta: dict[str, Any] = {
             "workflow_type_id": program.workflow_type,
-            "workflow_id": workflow_id,
+            "workflow_id": self._workflow_id(program),
             "agent_id": call.agent_id,
         }
         parents = [request_ids[d] for d in call.dependencies if request_ids.get(d)]
@@ -164,15 +182,17 @@ class LiveDriver:
         response_id = ""
         usage = None
         client = self.model_clients.get(call.model, self.client)
+        headers = {self.session_header: self._workflow_id(program)} if self.session_header else None
         try:
             stream = await client.completions.create(
-                model=call.model,
+                model=self.served_model or call.model,
                 prompt=text,
                 max_tokens=call.output_tokens,
                 temperature=0.0,
                 stream=True,
                 stream_options={"include_usage": True},
                 extra_body={"ignore_eos": True, "app_metadata": self._metadata(program, call, request_ids, last)},
+                extra_headers=headers,
             )
             async for chunk in stream:
                 response_id = chunk.id or response_id

@@ -1,4 +1,5 @@
-"""A fleet of emulated workers of several models, with our gateway and a scheduler in front.
+"""A fleet of workers (emulated, of several models, or fronting vLLM servers), with our gateway and
+a scheduler in front.
 
     NATS ── worker × N (each its own model, gRPC + OpenAI HTTP) ── scheduler(preset) ── gateway
 
@@ -34,7 +35,7 @@ from clairvoyant.stack.natsserver import NatsServer, free_port
 class WorkerSpec:
     worker_id: str
     model: str
-    env: Mapping[str, str]  # CV_* settings beyond ports, id, model and NATS
+    env: Mapping[str, str]  # settings (CV_*, and the engine's own) beyond ports, id, model and NATS
 
 
 class Fleet:

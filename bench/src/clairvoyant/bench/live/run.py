@@ -35,7 +35,7 @@ from clairvoyant.bench.live.cluster import (
     preemptions_total,
     probe,
 )
-from clairvoyant.bench.live.driver import LiveDriver, scale_tools
+from clairvoyant.bench.live.driver import LiveDriver, cap_output, scale_tools
 from clairvoyant.bench.metrics import jct_list, queue_depth_series, summarize
 from clairvoyant.bench.records import WorkflowRecord
 from clairvoyant.bench.sim.simulator import ReplicaSpec
@@ -54,6 +54,9 @@ class LiveOptions:
     request_timeout_s: float = 900.0
     show_progress: bool = True
     prompt_seed: int | None = None  # seeds the prompt text; None: the run's seed (same instance, other text)
+    max_output_tokens: int | None = None  # caps every call's output; None: the workload's lengths
+    session_header: str | None = None  # a header carrying the workflow id (a session-affinity key)
+    served_model: str | None = None  # the model every call names; None: each call's own
 
 
 def cluster_warnings(config: ExperimentConfig, replicas: Sequence[ReplicaSpec], cluster: LiveCluster) -> list[str]:
@@ -131,8 +134,8 @@ async def drive(
     workload = get_workload(config.workload)
     _, service = build_cluster(workload, config)
     arrivals, backlog = instance(workload, config)
-    arrivals = [(t, scale_tools(p, options.time_scale)) for t, p in arrivals]
-    backlog = [scale_tools(p, options.time_scale) for p in backlog]
+    arrivals = [(t, cap_output(scale_tools(p, options.time_scale), options.max_output_tokens)) for t, p in arrivals]
+    backlog = [cap_output(scale_tools(p, options.time_scale), options.max_output_tokens) for p in backlog]
     run_tag = f"{int(time.time() * 1000):x}"
     preempted_before = await preemptions_total(workers)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -144,8 +147,9 @@ async def drive(
 
         prompt_seed = config.seed if options.prompt_seed is None else options.prompt_seed
         driver = LiveDriver(
-            client, service, seed=prompt_seed, run_tag=run_tag, on_workflow_done=done, model_clients=model_clients
-        )
+            client, service, seed=prompt_seed, run_tag=run_tag, on_workflow_done=done, model_clients=model_clients,
+            session_header=options.session_header, served_model=options.served_model,
+        )  # fmt: skip
         started = time.perf_counter()
         records = await driver.run(arrivals, backlog)
         wall = time.perf_counter() - started
