@@ -15,7 +15,7 @@ import json
 import logging
 import math
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Annotated, Any, Literal, NamedTuple
 
 from fastapi import Request
@@ -30,6 +30,7 @@ from clairvoyant.core.openai_schema import APP_METADATA_SCHEMA, ChatTurn, InputL
 from clairvoyant.core.telemetry import extract_context
 from clairvoyant.gateway.frontend import GatewayFrontend
 from clairvoyant.gateway.generation import Generation
+from clairvoyant.gateway.http_common import CLIENT_CLOSED, SSE_HEADERS, read_json, until_disconnected
 from clairvoyant.gateway.openapi_doc import ERRORS, Responses
 from clairvoyant.gateway.ratelimit import RateLimited
 from clairvoyant.gateway.request import CompletionResult, Endpoint, GenerationRequest, Sampling, TokenUsage
@@ -39,8 +40,6 @@ logger = logging.getLogger(__name__)
 
 # CompletionRecord.endpoint and the metrics label of these calls (the worker serves them as chats).
 ENDPOINT: Endpoint = "messages"
-CLIENT_CLOSED = 499  # as http_api answers a client that hung up first; only the metrics see it
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 BLOCK_SEPARATOR = "\n"  # between the text blocks of one turn, and between merged turns
 TOOL_BLOCKS = ("tool_use", "tool_result")
 
@@ -451,18 +450,10 @@ def authorization(headers: Mapping[str, str]) -> str | None:
     return f"Bearer {api_key}" if api_key else headers.get("authorization")
 
 
-ReadJson = Callable[[Request, int, int], Awaitable[object]]
-UntilDisconnected = Callable[
-    [Request, Coroutine[Any, Any, CompletionResult]], Awaitable[CompletionResult | None]
-]
-
-
-async def create_message(
-    request: Request, frontend: GatewayFrontend, *, read_json: ReadJson, until_disconnected: UntilDisconnected
-) -> Response:
-    """``POST /v1/messages``; ``read_json`` and ``until_disconnected`` are the HTTP edge's own."""
+async def create_message(request: Request, frontend: GatewayFrontend) -> Response:
+    """``POST /v1/messages``."""
     try:
-        return await _create_message(request, frontend, read_json, until_disconnected)
+        return await _create_message(request, frontend)
     except ClairvoyantError as err:
         return error_response(err)
     except Exception:
@@ -470,9 +461,7 @@ async def create_message(
         return error_response(ClairvoyantError("internal error; see the gateway log"))
 
 
-async def _create_message(
-    request: Request, frontend: GatewayFrontend, read_json: ReadJson, until_disconnected: UntilDisconnected
-) -> Response:
+async def _create_message(request: Request, frontend: GatewayFrontend) -> Response:
     settings = frontend.settings
     arrival = frontend.pipeline.now()
     auth = authorization(request.headers)

@@ -5,15 +5,12 @@ Every failure leaves as an OpenAI error object; a client mistake is always a 4xx
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import inspect
 import logging
 import math
 import uuid
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -22,8 +19,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from clairvoyant.core.errors import ClairvoyantError, InvalidRequest, PayloadTooLarge
-from clairvoyant.core.json_input import decode_json, format_param
+from clairvoyant.core.errors import ClairvoyantError, InvalidRequest
+from clairvoyant.core.json_input import format_param
 from clairvoyant.core.openai_schema import (
     ChatCompletionBody,
     ChatCompletionOut,
@@ -37,6 +34,7 @@ from clairvoyant.core.telemetry import extract_context
 from clairvoyant.gateway import anthropic_api
 from clairvoyant.gateway.config import GatewaySettings
 from clairvoyant.gateway.frontend import GatewayFrontend
+from clairvoyant.gateway.http_common import CLIENT_CLOSED, SSE_HEADERS, read_json, until_disconnected
 from clairvoyant.gateway.metrics import RequestCounter
 from clairvoyant.gateway.openai_api import to_request
 from clairvoyant.gateway.openapi_doc import add_body_schemas, error_responses, generated, json_body
@@ -47,9 +45,6 @@ from clairvoyant.gateway.sessions import derive_app_metadata
 from clairvoyant.gateway.sse import chat_events, text_events
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
-CLIENT_CLOSED = 499  # nginx's status for "the client went away first"; only our metrics see it
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 # /v1/models: a model group's owned_by (the scheduler picks a served model per call).
 GROUP_OWNER = "clairvoyant-model-group"
 
@@ -63,50 +58,6 @@ def error_response(err: ClairvoyantError) -> JSONResponse:
     if isinstance(err, RateLimited):
         headers.update(err.headers)
     return JSONResponse(err.to_openai(), status_code=err.http_status, headers=headers)
-
-
-async def read_json(request: Request, limit: int, max_depth: int) -> object:
-    """The decoded JSON body; 400 for a wrong content type or bad JSON (see ``decode_json``), 413
-    past ``limit`` bytes."""
-    media = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
-    if media != "application/json":
-        raise InvalidRequest(
-            f"Content-Type must be application/json, not {media!r}", code="invalid_content_type"
-        )
-    too_large = PayloadTooLarge(f"the request body exceeds {limit} bytes")
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise too_large
-    body = bytearray()
-    async for piece in request.stream():  # counted as it arrives: Content-Length may be absent or wrong
-        body += piece
-        if len(body) > limit:
-            raise too_large
-    return decode_json(bytes(body), max_depth)
-
-
-async def until_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T | None:
-    """Run ``work`` unless the client hangs up first (then cancel it and return None).
-
-    Starlette only notices a disconnect while streaming; a long non-streamed generation would
-    otherwise keep its worker busy for a client that has gone.
-    """
-
-    async def hung_up() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(hung_up())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    return None if task.cancelled() else task.result()
 
 
 class GatewayAPI(FastAPI):
@@ -229,9 +180,7 @@ def create_app(settings: GatewaySettings, frontend: GatewayFrontend) -> FastAPI:
 
     @app.post("/v1/messages", openapi_extra=anthropic_api.body_doc(), responses=anthropic_api.responses())
     async def messages(request: Request) -> Response:
-        return await anthropic_api.create_message(
-            request, frontend, read_json=read_json, until_disconnected=until_disconnected
-        )
+        return await anthropic_api.create_message(request, frontend)
 
     @app.get("/v1/models", responses={200: {"model": ModelList}, **error_responses(401, 500, 503)})
     async def list_models(request: Request) -> Response:
