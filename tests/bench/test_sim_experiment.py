@@ -193,3 +193,34 @@ def test_merge_reads_files_written_before_a_config_key_existed(tmp_path: Path) -
     merged = tmp_path / "merged.json"
     assert main(["merge", str(old), str(new), "--out", str(merged)]) == 0
     assert set(json.loads(merged.read_text())["policies"]) == {"fcfs-rr", "least-loaded"}
+
+
+def test_run_compare_sweep_and_evaluate_take_a_spec_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--workload path/to/spec.yaml`` (docs/workloads.md): validated first, then run like a name."""
+    import yaml
+
+    from clairvoyant.profiler.evaluation.data import DataError, source
+    from tests.bench.test_workloads_spec import tiny_spec
+
+    spec = tmp_path / "mine.yaml"
+    spec.write_text(yaml.safe_dump(tiny_spec()))
+    out = tmp_path / "run.json"
+    assert main(["run", "--workload", str(spec), "--policy", "fcfs-rr", "--gpus", "2", "--workflows", "3",
+                 "--rate", "1", "--out", str(out)]) == 0  # fmt: skip
+    result = json.loads(out.read_text())
+    assert result["workload"] == str(spec) and result["policies"]["fcfs-rr"]["workflows"] == 3
+    assert len(source(f"workload:{spec}")(1, 2, None)) == 2  # profiler evaluate --data workload:<spec>
+
+    broken = tiny_spec()
+    broken["agents"]["planner"]["output"]["cv"] = -1
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(broken))
+    for argv in (["compare", "--workload", str(bad), "--policies", "fcfs-rr"],
+                 ["sweep", "--workload", str(tmp_path / "missing.yaml"), "--policies", "fcfs-rr"]):  # fmt: skip
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2
+    errors = capsys.readouterr().err
+    assert "agents.planner.output.cv" in errors and "no workload spec file at" in errors
+    with pytest.raises(DataError, match="agents.planner.output.cv"):
+        source(f"workload:{bad}")

@@ -46,7 +46,7 @@ from clairvoyant.bench.live import validate  # noqa: F401  (registers the sim-vs
 from clairvoyant.bench.live.cluster import LiveModeError
 from clairvoyant.bench.live.run import DEFAULT_BASE_URL, DEFAULT_SCHEDULER, LiveOptions, compare_live
 from clairvoyant.bench.parallel import default_jobs
-from clairvoyant.bench.workloads import WorkloadDataError, list_workloads
+from clairvoyant.bench.workloads import WorkloadDataError, check_workload_name, list_workloads
 from clairvoyant.policy import PRESETS, SCALING_POLICIES
 from clairvoyant.policy.cache import CACHE_POLICIES
 from clairvoyant.worker.core.tiers import WRITE_POLICIES
@@ -63,19 +63,19 @@ def listing() -> str:
 
 
 def workload_name(name: str) -> str:
-    """A registered workload, or registered ones joined by ``+`` (served together on one cluster)."""
-    known = set(list_workloads())
-    unknown = [part for part in name.split("+") if part not in known]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown workload {unknown[0]!r}; choose from {sorted(known)} or join them with +")
-    return name
+    """A registered workload, registered ones joined by ``+`` (served together on one cluster), or a
+    spec file (``path/to/spec.yaml``), validated before anything runs."""
+    try:
+        return check_workload_name(name)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_parsers(commands: Any) -> None:
     for name, help_text in (("run", "one policy on a workload"), ("compare", "several policies, same instance")):
         sub = commands.add_parser(name, help=help_text, description=help_text)
         sub.add_argument("--workload", required=True, type=workload_name,
-                         help="a workload name, or names joined by + to serve them together")
+                         help="a workload name, names joined by + to serve them together, or a spec file")
         if name == "run":
             sub.add_argument("--policy", required=True, choices=PRESETS.names())
         else:

@@ -24,11 +24,19 @@ from typing import Any
 from clairvoyant.bench.common import RunBars, progress, rounded
 from clairvoyant.bench.experiment import ExperimentConfig, compare_result, make_annotator, run_sim
 from clairvoyant.bench.parallel import ProgressCallback, SimTask, default_jobs, run_tasks
-from clairvoyant.bench.workloads import list_workloads
+from clairvoyant.bench.workloads import check_workload_name
 from clairvoyant.policy import PRESETS
 
 LOAD_KINDS = ("rate", "concurrency")
 
+
+
+def workload_arg(name: str) -> str:
+    """``--workload``: a registered workload or a spec file, validated before the sweep starts."""
+    try:
+        return check_workload_name(name)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 def sweep(
     config: ExperimentConfig,
@@ -96,7 +104,7 @@ def sweep(
 def add_parsers(commands: Any) -> None:
     sub = commands.add_parser("sweep", help="compare at several load levels (latency vs throughput)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    sub.add_argument("--workload", required=True, choices=list_workloads())
+    sub.add_argument("--workload", required=True, type=workload_arg, help="a workload name or a spec file")
     sub.add_argument("--policies", required=True, help="comma-separated: " + ",".join(PRESETS.names()))
     loads = sub.add_mutually_exclusive_group(required=True)
     loads.add_argument("--rates", help="comma-separated Poisson workflow arrival rates (per second)")

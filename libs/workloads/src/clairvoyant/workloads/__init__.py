@@ -27,7 +27,7 @@ from clairvoyant.workloads.program import (
     SystemSegment,
     WorkflowProgram,
 )
-from clairvoyant.workloads.registry import WORKLOADS, get_workload, list_workloads
+from clairvoyant.workloads.registry import WORKLOADS, check_workload_name, get_workload, list_workloads
 from clairvoyant.workloads.spec import WorkflowSpec, load_spec
 from clairvoyant.workloads.traces import TraceWorkload
 
@@ -56,6 +56,7 @@ __all__ = [
     "WorkloadStats",
     "agent_depths",
     "config_space",
+    "check_workload_name",
     "get_workload",
     "label_input",
     "labelled_inputs",

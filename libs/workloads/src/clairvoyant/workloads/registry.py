@@ -16,6 +16,7 @@ from clairvoyant.core.registry import Registry
 from clairvoyant.workloads.base import Workload
 from clairvoyant.workloads.generator import SpecWorkload
 from clairvoyant.workloads.mix import SEPARATOR, MixWorkload
+from clairvoyant.workloads.spec import load_spec
 from clairvoyant.workloads.traces import TraceWorkload, chatdev, claude_code
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
@@ -68,11 +69,38 @@ def list_workloads() -> list[str]:
     return WORKLOADS.names()
 
 
+SPEC_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def is_spec_path(name: str) -> bool:
+    """``name`` names a spec file (by its suffix) rather than a registered workload."""
+    return name not in WORKLOADS and Path(name).suffix in SPEC_SUFFIXES
+
+
+def check_workload_name(name: str) -> str:
+    """``name`` if ``get_workload`` can build it: a registered workload, registered ones joined by
+    ``+``, or a spec file, which is loaded and validated now.  Raises ``ValueError`` saying what is
+    wrong (``SpecError`` with every problem of a spec; a command line shows it before running)."""
+    if is_spec_path(name):
+        if not Path(name).is_file():
+            raise ValueError(f"no workload spec file at {name}")
+        load_spec(Path(name))
+        return name
+    known = set(WORKLOADS.names())
+    unknown = [part for part in name.split(SEPARATOR) if part not in known]
+    if unknown:
+        raise ValueError(
+            f"unknown workload {unknown[0]!r}; choose from {sorted(known)}, join them with {SEPARATOR}, "
+            f"or name a spec file ({', '.join(SPEC_SUFFIXES)})"
+        )
+    return name
+
+
 def get_workload(name: str, **options: Any) -> Workload:
     """A registered workload by name, a mix of registered ones (``"a+b"``), or a spec file by path
     (``models`` is the only option for the last two)."""
-    if SEPARATOR in name and name not in WORKLOADS:
+    if SEPARATOR in name and name not in WORKLOADS and not is_spec_path(name):
         return _mix_factory(name, tuple(name.split(SEPARATOR)))(**options)
-    if name not in WORKLOADS and Path(name).suffix in (".yaml", ".yml", ".json") and Path(name).is_file():
+    if is_spec_path(name) and Path(name).is_file():
         return _spec_factory(Path(name))(**options)
     return WORKLOADS.create(name, **options)

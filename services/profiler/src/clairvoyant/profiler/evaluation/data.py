@@ -47,8 +47,8 @@ from clairvoyant.workloads import (
     TraceWorkload,
     WorkflowProgram,
     WorkloadDataError,
+    check_workload_name,
     get_workload,
-    list_workloads,
 )
 from clairvoyant.workloads.errors import TraceFormatError
 
@@ -206,11 +206,10 @@ def source(data: str) -> Callable[[int, int | None, Path | None], list[WorkflowP
         return SOURCES[data]
     if data.startswith(WORKLOAD_PREFIX):
         name = data[len(WORKLOAD_PREFIX) :]
-        if name in list_workloads():
-            return _generated_programs(name)
-        raise DataError(
-            f"unknown workload {name!r} in --data {data!r}; workloads: {', '.join(list_workloads())}"
-        )
+        try:
+            return _generated_programs(check_workload_name(name))
+        except ValueError as exc:  # an unknown name, or a spec file that does not validate
+            raise DataError(f"--data {data!r}: {exc}") from None
     raise DataError(
         f"unknown --data {data!r}: use chatdev, claude_code, synthetic:per_task_experts or workload:<name> "
         "(e.g. workload:coding_assistant)"
