@@ -123,6 +123,10 @@ class SglangGenerate(BaseModel):
     priority: int | None = None
     cache_salt: str | None = None
     session_id: str | None = None
+    return_logprob: bool | None = None
+    logprob_start_len: int | None = None
+    top_logprobs_num: int | None = None
+    return_text_in_logprobs: bool = False
 
 
 class SglangTokenize(BaseModel):
@@ -279,6 +283,14 @@ class FakeSglang:
                 "id": body.rid, "finish_reason": finish, "prompt_tokens": len(prompt), "weight_version": "default",
                 "num_retractions": 0, "reasoning_tokens": 0, "completion_tokens": len(ids), "cached_tokens": cached,
             }  # fmt: skip
+            if body.return_logprob:  # cumulative [logprob, id, text] (add_logprob_to_meta_info)
+                label = (lambda t: PIECES[t]) if body.return_text_in_logprobs else (lambda t: None)
+                meta["output_token_logprobs"] = [[-0.5 * (i + 1), t, label(t)] for i, t in enumerate(ids)]
+                if body.top_logprobs_num:
+                    meta["output_top_logprobs"] = [
+                        [[-0.5 * (i + 1) - r, t + r, label(t)] for r in range(body.top_logprobs_num)]
+                        for i, t in enumerate(ids)
+                    ]
             chunk = {"text": text, "output_ids": list(ids), "meta_info": meta}
             yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
             if finish is not None:
@@ -515,7 +527,9 @@ async def test_request_body_maps_sampling_priority_and_tenant(sglang: Setup) -> 
                             "logit_bias": {"7": 5.0, "9": -100.0}},
     }  # fmt: skip
     assert later["sampling_params"]["ignore_eos"] is True and "sampling_seed" not in later["sampling_params"]
-    assert "logit_bias" not in later["sampling_params"] and later["sampling_params"]["repetition_penalty"] == 1.0
+    assert (
+        "logit_bias" not in later["sampling_params"] and later["sampling_params"]["repetition_penalty"] == 1.0
+    )
     assert urgent["priority"] > later["priority"] == 500_000  # SGLang serves higher values first
 
 
@@ -668,3 +682,23 @@ async def test_a_real_sglang_server_streams_through_grpc_generate(nats_url: str,
         assert app.frontend.engine_block_size == 16
     finally:
         await app.stop()
+
+
+async def test_logprobs_come_back_one_per_token_with_their_text(sglang: Setup) -> None:
+    sampling = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=2)
+    outputs = await run(sglang, PROMPT, sampling, request_id="lp")
+    (body,) = sglang.fake.bodies("/generate")
+    assert (body["return_logprob"], body["top_logprobs_num"], body["return_text_in_logprobs"]) == (
+        True,
+        2,
+        True,
+    )
+    assert body["logprob_start_len"] == -1  # the output's only
+    entries = [lp for out in outputs for lp in out.logprobs]
+    ids = [t for out in outputs for t in out.new_token_ids]
+    assert [lp.token_id for lp in entries] == ids and len(entries) == 4
+    assert [lp.logprob for lp in entries] == [-0.5, -1.0, -1.5, -2.0]
+    assert "".join(lp.text or "" for lp in entries) == "".join(out.new_text for out in outputs)
+    assert all(len(lp.top) == 2 and lp.top[0] == (lp.token_id, lp.logprob) for lp in entries)
+    await run(sglang, PROMPT, SamplingParams(max_tokens=2), request_id="plain")
+    assert "return_logprob" not in sglang.fake.bodies("/generate")[1]

@@ -44,6 +44,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 import httpx
 
 from clairvoyant.core.errors import InvalidRequest, Unavailable
+from clairvoyant.worker.core.sampling import TokenLogprob
 from clairvoyant.worker.core.types import EngineStats, RequestOutput
 from clairvoyant.worker.engines.adapter import (
     EngineAdapter,
@@ -94,8 +95,6 @@ class SglangAdapter(EngineAdapter):
 
     def request_body(self, call: EngineCall) -> dict[str, object]:
         sampling = call.sampling
-        if sampling.logprobs is not None:  # SGLang has them (return_logprob); not passed through yet
-            raise InvalidRequest("logprobs are not available over sglang workers", param="logprobs")
         params: dict[str, object] = {
             "max_new_tokens": sampling.max_tokens,
             "temperature": sampling.temperature,
@@ -119,12 +118,24 @@ class SglangAdapter(EngineAdapter):
             "priority": integer_priority(call.priority, lower_first=False),
             "cache_salt": call.tenant,
             "session_id": call.request_id,
+            **self._logprob_fields(call),
         }
+
+    @staticmethod
+    def _logprob_fields(call: EngineCall) -> dict[str, object]:
+        """Output tokens' log probabilities with their text (``srt/managers/io_struct.py``:
+        ``logprob_start_len`` -1 leaves the prompt's out)."""
+        if call.sampling.logprobs is None:
+            return {}
+        return {
+            "return_logprob": True, "top_logprobs_num": call.sampling.logprobs,
+            "return_text_in_logprobs": True, "logprob_start_len": -1,
+        }  # fmt: skip
 
     async def generate(
         self, client: httpx.AsyncClient, model: str, call: EngineCall
     ) -> AsyncIterator[RequestOutput]:
-        sent_ids, sent_text = 0, ""  # how much of the cumulative output has been yielded
+        sent_ids, sent_text, sent_logprobs = 0, "", 0  # how much of the cumulative output has been yielded
         async with client.stream("POST", "/generate", json=self.request_body(call)) as response:
             await raise_for_engine(response, self.name)
             async for chunk in sse_events(response):
@@ -145,18 +156,26 @@ class SglangAdapter(EngineAdapter):
                 sent_ids, sent_text = max(sent_ids, len(ids)), sent_text + new_text
                 prompt_tokens = _count(meta.get("prompt_tokens"), len(call.prompt_ids))
                 completion_tokens = _count(meta.get("completion_tokens"), sent_ids)
+                logprobs = sglang_logprobs(meta, sent_logprobs) if call.sampling.logprobs is not None else ()
+                sent_logprobs += len(logprobs)
                 if isinstance(finish, dict):
-                    yield stream_output(
+                    output = stream_output(
                         call.request_id, new_ids, new_text,
                         prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                         cached_tokens=_count(meta.get("cached_tokens")), finish_reason=str(finish.get("type")),
                     )  # fmt: skip
+                    output.logprobs = logprobs
+                    yield output
                     return
                 if new_ids or new_text:
-                    yield stream_output(
+                    output = stream_output(
                         call.request_id, new_ids, new_text,
                         prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                     )  # fmt: skip
+                    output.logprobs = logprobs
+                    yield output
+                else:
+                    sent_logprobs -= len(logprobs)  # nothing yielded: they go with the next output
         raise Unavailable(f"{self.name} ended request {call.request_id} without a finish reason")
 
     def _failure(self, code: object, message: object) -> InvalidRequest | Unavailable:
@@ -219,3 +238,21 @@ def without_stop_prefix(text: str, stop: Sequence[str]) -> str:
                 held = length
                 break
     return text[: len(text) - held]
+
+
+def sglang_logprobs(meta: Mapping[str, object], start: int) -> tuple[TokenLogprob, ...]:
+    """The tokens of ``meta_info``'s cumulative ``output_token_logprobs`` (``[logprob, id, text]``)
+    from ``start`` on, with their ``output_top_logprobs`` (``tokenizer_manager.add_logprob_to_meta_info``)."""
+    tokens = list(meta.get("output_token_logprobs") or [])  # type: ignore[call-overload]
+    tops = list(meta.get("output_top_logprobs") or [])  # type: ignore[call-overload]
+    out = []
+    for index in range(start, len(tokens)):
+        value, token_id, text = tokens[index]
+        top = [tuple(entry) for entry in (tops[index] if index < len(tops) and tops[index] else [])]
+        out.append(
+            TokenLogprob(
+                int(token_id), float(value), tuple((int(t), float(v)) for v, t, _ in top),
+                text=str(text or ""), top_texts=tuple(str(x or "") for _, _, x in top),
+            )
+        )  # fmt: skip
+    return tuple(out)
