@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import grpc
 import httpx
 import nats
@@ -367,3 +368,17 @@ def test_logprobs_come_back_from_vllm(stack: Stack) -> None:
     assert all(value <= 0 for value in lp.token_logprobs)
     for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs or [], strict=True):
         assert max(top.values()) == pytest.approx(value, abs=1e-4) and token in top  # greedy: the top one
+
+
+def test_anthropics_sdk_over_vllm_names_the_stop_sequence(stack: Stack) -> None:
+    """POST /v1/messages through the gateway to vLLM: vLLM's stop_reason becomes Anthropic's."""
+    sdk = anthropic.Anthropic(base_url=stack.gateway_url, api_key="none", max_retries=0, timeout=120)
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    greedy = {"temperature": 0}  # through extra_body: this SDK's create() takes no temperature
+    reply = sdk.messages.create(
+        model=MODEL, max_tokens=16, messages=question, stop_sequences=["Paris"], extra_body=greedy
+    )
+    assert (reply.stop_reason, reply.stop_sequence) == ("stop_sequence", "Paris")
+    assert reply.content[0].text == "The capital of France is "  # cut before the stop sequence
+    free = sdk.messages.create(model=MODEL, max_tokens=16, messages=question, extra_body=greedy)
+    assert free.stop_reason == "end_turn" and "Paris" in free.content[0].text

@@ -103,6 +103,7 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
     delay_s: float = 0.0
     max_prompt_chars: int = 1000
     fail_after: int | None = None  # abort with UNAVAILABLE after this many tokens (a worker dying)
+    stop_sequence: str | None = None  # reported on the last message: a stop string ended the output
     calls: list[worker_pb2.GenerateRequest] = field(default_factory=list)
     metadata: list[dict[str, str]] = field(default_factory=list)
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
@@ -136,6 +137,8 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
                     reply.prompt_tokens = prompt_tokens
                 if i == len(out) - 1:
                     reply.finish_reason = "length" if len(out) < len(self.tokens) else "stop"
+                    if self.stop_sequence is not None and reply.finish_reason == "stop":
+                        reply.stop_sequence = self.stop_sequence
                     reply.usage.CopyFrom(
                         common_pb2.Usage(
                             prompt_tokens=prompt_tokens,

@@ -126,6 +126,18 @@ async def test_a_message_answers_in_anthropic_shape(stack: Stack) -> None:
 
 
 @pytest.mark.integration
+async def test_a_matched_stop_sequence_is_named(make_stack: StackFactory) -> None:
+    stack = await make_stack(workers=[FakeWorker(stop_sequence="END")])
+    reply = await client(stack).messages.create(model=MODEL, max_tokens=64, messages=USER, stop_sequences=["END"])
+    assert (reply.stop_reason, reply.stop_sequence) == ("stop_sequence", "END")
+    async with client(stack).messages.stream(
+        model=MODEL, max_tokens=64, messages=USER, stop_sequences=["END"]
+    ) as stream:
+        final = await stream.get_final_message()
+    assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", "END")
+
+
+@pytest.mark.integration
 async def test_a_stream_reassembles_in_the_sdk(stack: Stack) -> None:
     sdk = client(stack)
     async with sdk.messages.stream(model=MODEL, max_tokens=64, messages=USER) as stream:

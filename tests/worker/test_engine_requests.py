@@ -86,8 +86,8 @@ def test_stop_string_cuts_text_before_it() -> None:
     reference = _run_alone(max_tokens=40)
     stop = reference.text[10:13]
     cut = reference.text.find(stop)
-    r = _run_alone(max_tokens=40, stop=(stop, "never!"))
-    assert r.final.finish_reason == "stop"
+    r = _run_alone(max_tokens=40, stop=("never!", stop))
+    assert (r.final.finish_reason, r.final.stop_sequence) == ("stop", stop)  # which one matched
     assert r.text == reference.text[:cut]
     assert len(r.token_ids) == cut + len(stop)  # one byte per token: generation ends on the stop
     assert r.token_ids == reference.token_ids[: cut + len(stop)]
@@ -97,7 +97,7 @@ def test_partial_stop_string_is_held_back_then_released() -> None:
     reference = _run_alone(max_tokens=30)
     stop = reference.text[20:24] + "!"  # never completes ("!" is not in the fake alphabet)
     r = _run_alone(max_tokens=30, stop=(stop,))
-    assert (r.text, r.final.finish_reason) == (reference.text, "length")
+    assert (r.text, r.final.finish_reason, r.final.stop_sequence) == (reference.text, "length", None)
     released = [len(o.new_text) for o in r.outputs]  # one output per token
     assert released[21:24] == [0, 0, 0]  # tokens 22..24 extend a possible stop start: all held
     assert sum(released[:24]) <= 20  # text[20:24] is released only once "!" fails to follow

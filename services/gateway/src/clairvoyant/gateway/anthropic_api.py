@@ -325,7 +325,7 @@ class MessageOut(BaseModel):
     model: str
     content: list[TextBlockOut]
     stop_reason: str | None
-    stop_sequence: str | None = None  # the worker does not report which stop sequence matched
+    stop_sequence: str | None = None  # the stop sequence that ended the answer, if one did
     usage: MessageUsage
 
 
@@ -354,9 +354,11 @@ def message_id(request_id: str) -> str:
     return f"msg_{request_id}"
 
 
-def stop_reason(finish_reason: str) -> str:
-    """Anthropic's stop_reason for a worker's finish_reason: a stop string and EOS are both "stop"
-    there, so a matched stop sequence reads as end_turn; "abort" passes through."""
+def stop_reason(finish_reason: str, stop_sequence: str | None = None) -> str:
+    """Anthropic's stop_reason for a worker's finish_reason: "stop" is ``stop_sequence`` when the
+    worker names the stop string that matched, else end_turn; "abort" passes through."""
+    if finish_reason == "stop" and stop_sequence is not None:
+        return "stop_sequence"
     return _STOP_REASONS.get(finish_reason, finish_reason)
 
 
@@ -365,7 +367,8 @@ def message_out(result: CompletionResult) -> MessageOut:
         id=message_id(result.request_id),
         model=result.model,
         content=[TextBlockOut(text=result.text)],
-        stop_reason=stop_reason(result.finish_reason),
+        stop_reason=stop_reason(result.finish_reason, result.stop_sequence),
+        stop_sequence=result.stop_sequence,
         usage=MessageUsage.of(result.usage),
     )
 
@@ -425,7 +428,8 @@ async def message_events(generation: Generation) -> AsyncIterator[bytes]:
                 yield _text_delta(text)
         yield event("content_block_stop", {"type": "content_block_stop", "index": 0})
         assert generation.finish_reason is not None, "deltas() ends only once the worker finished"
-        delta = {"stop_reason": stop_reason(generation.finish_reason), "stop_sequence": None}
+        matched = generation.stop_sequence
+        delta = {"stop_reason": stop_reason(generation.finish_reason, matched), "stop_sequence": matched}
         usage = MessageUsage.of(generation.usage).model_dump()
         yield event("message_delta", {"type": "message_delta", "delta": delta, "usage": usage})
         yield event("message_stop", {"type": "message_stop"})

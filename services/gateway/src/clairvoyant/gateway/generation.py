@@ -68,6 +68,7 @@ class Generation:
         self.annotations = annotations
         self.created = int(request.arrival_time)
         self.finish_reason: str | None = None
+        self.stop_sequence: str | None = None  # the stop string that ended the output, if one did
         self.usage = TokenUsage()
         self._pipeline = pipeline
         self._call = call
@@ -137,6 +138,7 @@ class Generation:
             self.usage,
             self.annotations,
             tuple(self.logprobs) if self.request.sampling.logprobs is not None else None,
+            self.stop_sequence,
         )
 
     async def _read(self) -> worker_pb2.GenerateResponse | None:
@@ -165,6 +167,7 @@ class Generation:
             self.usage = TokenUsage(self._prompt_tokens, self._tokens_seen, self.usage.cached_tokens)
         if msg.HasField("finish_reason"):
             self.finish_reason = msg.finish_reason or "stop"
+            self.stop_sequence = msg.stop_sequence if msg.HasField("stop_sequence") else None
             self._prompt_block_hashes = tuple(msg.prompt_block_hashes)
             self._response_block_hashes = tuple(msg.response_block_hashes)
             self._prompt_token_ids = tuple(msg.prompt_token_ids)

@@ -126,3 +126,4 @@ class CompletionResult:
     usage: TokenUsage
     annotations: common_pb2.SysAnnotations | None = field(default=None)
     logprobs: tuple[common_pb2.TokenLogprob, ...] | None = None  # None: not asked for
+    stop_sequence: str | None = None  # the stop string that ended the output, if one did

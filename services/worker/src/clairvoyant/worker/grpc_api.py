@@ -152,6 +152,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                             first = False
                     if out.finished:
                         reply.finish_reason = out.finish_reason or "stop"
+                        if out.stop_sequence is not None:
+                            reply.stop_sequence = out.stop_sequence
                         reply.usage.CopyFrom(
                             common_pb2.Usage(
                                 prompt_tokens=out.prompt_tokens,

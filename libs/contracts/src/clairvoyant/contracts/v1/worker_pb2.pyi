@@ -52,7 +52,7 @@ class GenerateRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., chat: _Optional[_Union[ChatMessages, _Mapping]] = ..., prompt: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., tenant: _Optional[str] = ..., app_metadata: _Optional[_Union[_common_pb2.AppMetadata, _Mapping]] = ..., annotations: _Optional[_Union[_common_pb2.SysAnnotations, _Mapping]] = ..., base_priority: _Optional[float] = ..., scheduler_preset: _Optional[str] = ..., program_wait_s: _Optional[float] = ..., program_service_s: _Optional[float] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "finish_reason", "usage", "prompt_tokens", "prompt_block_hashes", "response_block_hashes", "prompt_token_ids", "logprobs")
+    __slots__ = ("request_id", "text", "token_ids", "finish_reason", "usage", "prompt_tokens", "prompt_block_hashes", "response_block_hashes", "prompt_token_ids", "logprobs", "stop_sequence")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +63,7 @@ class GenerateResponse(_message.Message):
     RESPONSE_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    STOP_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -73,7 +74,8 @@ class GenerateResponse(_message.Message):
     response_block_hashes: _containers.RepeatedScalarFieldContainer[int]
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprob]
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[_common_pb2.Usage, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., prompt_block_hashes: _Optional[_Iterable[int]] = ..., response_block_hashes: _Optional[_Iterable[int]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
+    stop_sequence: str
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[_common_pb2.Usage, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., prompt_block_hashes: _Optional[_Iterable[int]] = ..., response_block_hashes: _Optional[_Iterable[int]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ..., stop_sequence: _Optional[str] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
     __slots__ = ("request_id", "chat", "prompt", "token_ids", "tenant", "app_metadata")

@@ -39,6 +39,7 @@ class IncrementalDetokenizer:
         self._emitted = 0  # len of text already released
         self._scanned = 0  # len of text already searched for stop strings
         self.stopped = False  # a stop string matched
+        self.matched_stop: str | None = None  # which one (the earliest in the text)
         self.wants_tokens = True
 
     def append(self, token_id: int) -> None:
@@ -74,9 +75,10 @@ class IncrementalDetokenizer:
         """Release what is final; with ``check_stop``, match stop strings in the text not yet scanned."""
         if check_stop and self._stop:
             start = max(0, self._scanned - self._max_stop_len + 1)
-            hits = [i for i in (self.text.find(s, start) for s in self._stop) if i >= 0]
+            hits = [(i, s) for i, s in ((self.text.find(s, start), s) for s in self._stop) if i >= 0]
             if hits:
-                self.text = self.text[: min(hits)]
+                index, self.matched_stop = min(hits, key=lambda hit: hit[0])
+                self.text = self.text[:index]
                 self.stopped = True
         self._scanned = len(self.text)
         end = len(self.text) if self.stopped else len(self.text) - self._stop_prefix_len()
@@ -108,6 +110,7 @@ class Detokenizer(Protocol):
     """What the engine needs of a request's detokenizer (``IncrementalDetokenizer`` or ``NoText``)."""
 
     stopped: bool
+    matched_stop: str | None
     wants_tokens: bool  # False: every call releases no text, so callers may skip them
     text: str
 
@@ -124,6 +127,7 @@ class NoText:
     """The detokenizer of a request that wants token ids only: every call releases no text."""
 
     stopped = False
+    matched_stop: str | None = None
     wants_tokens = False
     text = ""
 

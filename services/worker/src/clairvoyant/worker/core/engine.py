@@ -448,7 +448,10 @@ class LLMEngine:
             seq.finish_reason = reason
             del self._seqs[seq.request_id]
             self.scheduler.remove(seq)
-        return self._output(seq, [token_id], text, reason is not None, () if logprob is None else (logprob,))
+        output = self._output(seq, [token_id], text, reason is not None, () if logprob is None else (logprob,))
+        if detok.stopped:
+            output.stop_sequence = detok.matched_stop
+        return output
 
     def _output(
         self, seq: Sequence, new_token_ids: list[int], text: str, finished: bool, logprobs: tuple[TokenLogprob, ...] = ()

@@ -55,6 +55,7 @@ class RequestOutput:
     completion_tokens: int  # tokens generated so far, in total
     first_token_time: float | None  # engine clock time of the first sampled token
     logprobs: tuple[TokenLogprob, ...] = ()  # one per new token, when the request asked for them
+    stop_sequence: str | None = None  # the final output's, when a stop string ended the request
 
 
 @dataclass

@@ -165,6 +165,8 @@ class SglangAdapter(EngineAdapter):
                         cached_tokens=_count(meta.get("cached_tokens")), finish_reason=str(finish.get("type")),
                     )  # fmt: skip
                     output.logprobs = logprobs
+                    matched = finish.get("matched")  # a stop string, or the id of a stop token
+                    output.stop_sequence = matched if isinstance(matched, str) else None
                     yield output
                     return
                 if new_ids or new_text:

@@ -133,6 +133,7 @@ class VllmAdapter(EngineAdapter):
         body = self.request_body(model, call)
         prompt_tokens, completion_tokens = len(call.prompt_ids), 0
         finish: str | None = None
+        stop_sequence: str | None = None  # vLLM's stop_reason: the matched stop string (or a token id)
         async with client.stream("POST", "/v1/completions", json=body) as response:
             await raise_for_engine(response, self.name)
             async for chunk in sse_events(response):
@@ -141,6 +142,8 @@ class VllmAdapter(EngineAdapter):
                     ids = choice.get("token_ids") or []
                     completion_tokens += len(ids)
                     finish = choice.get("finish_reason") or finish
+                    if isinstance(choice.get("stop_reason"), str):
+                        stop_sequence = choice["stop_reason"]
                     if ids or choice.get("text"):
                         output = stream_output(
                             call.request_id, ids, choice.get("text") or "",
@@ -151,13 +154,15 @@ class VllmAdapter(EngineAdapter):
                         yield output
                 if isinstance(usage, dict):  # the last chunk (stream_options.include_usage)
                     details = usage.get("prompt_tokens_details") or {}
-                    yield stream_output(
+                    last = stream_output(
                         call.request_id, [], "",
                         prompt_tokens=int(usage.get("prompt_tokens", prompt_tokens)),
                         completion_tokens=int(usage.get("completion_tokens", completion_tokens)),
                         cached_tokens=int(details.get("cached_tokens") or 0),
                         finish_reason=finish or "stop",
                     )  # fmt: skip
+                    last.stop_sequence = stop_sequence
+                    yield last
                     return
         # A server that sends no usage chunk still ends the request.
         yield stream_output(
