@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, Protocol
 
 from clairvoyant.core.errors import InvalidRequest
 
@@ -40,12 +40,23 @@ class Parameter(NamedTuple):
     passes: tuple[object, ...] = ()  # refused only: values (besides null) that ask for nothing
 
     def asks_for_nothing(self, value: object) -> bool:
-        return value is None or any(_same(value, neutral) for neutral in self.passes)
+        return asks_for_nothing(value, self.passes)
 
 
-def _same(value: object, neutral: object) -> bool:
-    """JSON equality: ``0 == 0.0``, but ``false`` is not ``0``."""
-    return isinstance(value, bool) == isinstance(neutral, bool) and value == neutral
+class Refusable(Protocol):
+    """A parameter table's entry, as ``check_fields`` reads it (this API's, or another's)."""
+
+    @property
+    def status(self) -> Status: ...
+    @property
+    def passes(self) -> tuple[object, ...]: ...
+
+
+def asks_for_nothing(value: object, passes: tuple[object, ...]) -> bool:
+    """``value`` is null or one of ``passes``, in JSON equality: ``0 == 0.0``, but ``false`` is not ``0``."""
+    return value is None or any(
+        isinstance(value, bool) == isinstance(neutral, bool) and value == neutral for neutral in passes
+    )
 
 
 PARAMETERS: tuple[Parameter, ...] = (
@@ -119,7 +130,11 @@ def parameters(api: Api) -> Mapping[str, Parameter]:
 def check_parameters(body: Mapping[str, object], api: Api, *, lenient: bool = False) -> None:
     """Raise InvalidRequest for the first field of ``body`` that is refused (with a value that asks
     for something) or, unless ``lenient``, unknown to ``api``."""
-    known = _BY_API[api]
+    check_fields(body, _BY_API[api], lenient=lenient)
+
+
+def check_fields(body: Mapping[str, object], known: Mapping[str, Refusable], *, lenient: bool) -> None:
+    """``check_parameters`` against any parameter table: ``known`` maps a field's name to its entry."""
     for name, value in body.items():
         parameter = known.get(name)
         if parameter is None:
@@ -129,7 +144,7 @@ def check_parameters(body: Mapping[str, object], api: Api, *, lenient: bool = Fa
                     param=name,
                     code="unknown_parameter",
                 )
-        elif parameter.status == "refused" and not parameter.asks_for_nothing(value):
+        elif parameter.status == "refused" and not asks_for_nothing(value, parameter.passes):
             accepted = " or ".join(["leave it unset", *(f"send {json.dumps(v)}" for v in parameter.passes)])
             raise InvalidRequest(
                 f"unsupported parameter: {name!r} is not supported here; {accepted}",

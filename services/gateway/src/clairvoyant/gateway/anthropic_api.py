@@ -26,6 +26,7 @@ from starlette.background import BackgroundTask
 from clairvoyant.core.app_metadata import ID_PATTERN, AppMetadata, parse_app_metadata
 from clairvoyant.core.errors import ClairvoyantError, InvalidRequest
 from clairvoyant.core.json_input import check_strings, decode_json
+from clairvoyant.core.openai_parameters import Status, asks_for_nothing, check_fields
 from clairvoyant.core.openai_schema import APP_METADATA_SCHEMA, ChatTurn, InputLimits, invalid_request
 from clairvoyant.core.telemetry import extract_context
 from clairvoyant.gateway.frontend import GatewayFrontend
@@ -45,19 +46,13 @@ TOOL_BLOCKS = ("tool_use", "tool_result")
 
 # ---- parameters ---------------------------------------------------------------------------------
 
-Status = Literal["supported", "extension", "ignored", "refused"]
-
-
 class MessagesParameter(NamedTuple):
     name: str
     status: Status
     passes: tuple[object, ...] = ()  # refused only: values (besides null) that ask for nothing
 
     def asks_for_nothing(self, value: object) -> bool:
-        return value is None or any(
-            isinstance(value, bool) == isinstance(neutral, bool) and value == neutral
-            for neutral in self.passes
-        )
+        return asks_for_nothing(value, self.passes)
 
 
 PARAMETERS: tuple[MessagesParameter, ...] = (
@@ -87,28 +82,12 @@ PARAMETERS: tuple[MessagesParameter, ...] = (
     MessagesParameter("diagnostics", "refused"),
 )
 _BY_NAME = {p.name: p for p in PARAMETERS}
-_QUOTED_NAME_CHARS = 100
 
 
 def check_parameters(body: Mapping[str, object], *, lenient: bool) -> None:
     """Raise InvalidRequest for the first field of ``body`` that is refused (with a value that asks
-    for something) or, unless ``lenient``, unknown."""
-    for name, value in body.items():
-        parameter = _BY_NAME.get(name)
-        if parameter is None:
-            if not lenient:
-                raise InvalidRequest(
-                    f"unrecognized request argument supplied: {name[:_QUOTED_NAME_CHARS]!r}",
-                    param=name,
-                    code="unknown_parameter",
-                )
-        elif parameter.status == "refused" and not parameter.asks_for_nothing(value):
-            accepted = " or ".join(["leave it unset", *(f"send {json.dumps(v)}" for v in parameter.passes)])
-            raise InvalidRequest(
-                f"unsupported parameter: {name!r} is not supported here; {accepted}",
-                param=name,
-                code="unsupported_parameter",
-            )
+    for something) or, unless ``lenient``, unknown (``openai_parameters.check_fields``)."""
+    check_fields(body, _BY_NAME, lenient=lenient)
 
 
 # ---- the request --------------------------------------------------------------------------------
