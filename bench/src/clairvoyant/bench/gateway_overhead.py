@@ -80,7 +80,7 @@ def sampling(max_tokens: int) -> common_pb2.SamplingParams:
 
 def worker_grpc_path(channel: grpc.aio.Channel, max_tokens: int) -> Send:
     stub = worker_pb2_grpc.WorkerStub(channel)
-    chat = worker_pb2.ChatMessages(messages=[common_pb2.ChatMessage(**m) for m in MESSAGES])
+    chat = worker_pb2.ChatMessages(messages=[common_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in MESSAGES])
 
     async def send() -> None:
         request = worker_pb2.GenerateRequest(request_id=f"bench-{uuid.uuid4().hex}", model=MODEL, chat=chat,
@@ -97,7 +97,7 @@ def worker_grpc_path(channel: grpc.aio.Channel, max_tokens: int) -> Send:
 def gateway_grpc_path(channel: grpc.aio.Channel, max_tokens: int) -> Send:
     stub = gateway_pb2_grpc.GatewayStub(channel)
     request = gateway_pb2.ChatCompletionRequest(
-        model=MODEL, messages=[common_pb2.ChatMessage(**m) for m in MESSAGES], sampling=sampling(max_tokens))
+        model=MODEL, messages=[common_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in MESSAGES], sampling=sampling(max_tokens))
 
     async def send() -> None:
         reply = await stub.ChatCompletion(request, timeout=30)

@@ -21,6 +21,7 @@ from clairvoyant.core.app_metadata import ID_PATTERN, OPTIONAL_IDS, REQUIRED
 from clairvoyant.core.errors import InvalidRequest
 from clairvoyant.core.json_input import check_strings, format_param
 from clairvoyant.core.openai_parameters import Api, check_parameters
+from clairvoyant.core.structured import ToolCall
 
 
 class InputLimits(NamedTuple):
@@ -86,6 +87,8 @@ class ChatTurn:
     role: str  # system | user | assistant | tool
     content: str
     name: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant turn's calls
+    tool_call_id: str | None = None  # a tool turn: the call it answers
 
 
 class _Strict(BaseModel):

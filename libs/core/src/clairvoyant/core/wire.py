@@ -1,13 +1,16 @@
-"""Protobuf conversions of core's plain value types (AppMetadata, SysAnnotations, KvBatch), for the
-gRPC and NATS adapters."""
+"""Protobuf conversions of core's plain value types (AppMetadata, SysAnnotations, KvBatch, and the
+tools and constraints of ``core.structured``), for the gRPC and NATS adapters."""
 
 from __future__ import annotations
+
+import json
 
 from clairvoyant.contracts.v1 import cachemgr_pb2, common_pb2, worker_pb2
 from clairvoyant.core.annotations import Confidence, LengthInterval, NextAgent, ProjectedCalls, SysAnnotations
 from clairvoyant.core.app_metadata import OPTIONAL_IDS, AppMetadata
 from clairvoyant.core.errors import InvalidRequest
 from clairvoyant.core.kv_events import KvBatch, KvBlockEvent, KvEventKind, KvTier
+from clairvoyant.core.structured import OutputConstraint, ToolCall, ToolChoice, ToolChoiceMode, ToolSpec
 
 
 def app_metadata_to_proto(meta: AppMetadata) -> common_pb2.AppMetadata:
@@ -130,3 +133,70 @@ def kv_batch(msg: worker_pb2.KvEventBatch) -> KvBatch:
         sequence=msg.sequence,
         events=tuple(events),
     )
+
+
+# ---- tools and output constraints (core.structured) --------------------------------------------
+_TOOL_CHOICE_MODES: dict[ToolChoiceMode, common_pb2.ToolChoice.Mode] = {
+    "auto": common_pb2.ToolChoice.AUTO,
+    "none": common_pb2.ToolChoice.NONE,
+    "required": common_pb2.ToolChoice.REQUIRED,
+    "function": common_pb2.ToolChoice.FUNCTION,
+}
+_TOOL_CHOICE_NAMES = {value: name for name, value in _TOOL_CHOICE_MODES.items()}
+
+
+def constraint_to_proto(constraint: OutputConstraint) -> common_pb2.OutputConstraint:
+    msg = common_pb2.OutputConstraint()
+    if constraint.kind == "json_object":
+        msg.json_object = True
+    elif constraint.kind == "choice":
+        msg.choice.choices.extend(json.loads(constraint.spec))
+    else:
+        setattr(msg, constraint.kind, constraint.spec)
+    return msg
+
+
+def constraint_from_proto(msg: common_pb2.OutputConstraint) -> OutputConstraint | None:
+    """None when no kind is set (or ``json_object`` is false)."""
+    kind = msg.WhichOneof("kind")
+    if kind is None or (kind == "json_object" and not msg.json_object):
+        return None
+    if kind == "json_object":
+        return OutputConstraint("json_object")
+    if kind == "choice":
+        return OutputConstraint("choice", json.dumps(list(msg.choice.choices)))
+    return OutputConstraint(kind, getattr(msg, kind))
+
+
+def tool_to_proto(tool: ToolSpec) -> common_pb2.Tool:
+    params = "" if tool.parameters is None else json.dumps(tool.parameters, separators=(",", ":"))
+    return common_pb2.Tool(name=tool.name, description=tool.description, parameters_json=params, strict=tool.strict)
+
+
+def tool_from_proto(msg: common_pb2.Tool) -> ToolSpec:
+    """Raises InvalidRequest when ``parameters_json`` is not a JSON object."""
+    params = None
+    if msg.parameters_json:
+        try:
+            params = json.loads(msg.parameters_json)
+        except json.JSONDecodeError as exc:
+            raise InvalidRequest(f"tool {msg.name!r}: parameters_json is not JSON ({exc})", param="tools") from None
+        if not isinstance(params, dict):
+            raise InvalidRequest(f"tool {msg.name!r}: parameters_json must be a JSON object", param="tools")
+    return ToolSpec(msg.name, msg.description, params, msg.strict)
+
+
+def tool_choice_to_proto(choice: ToolChoice) -> common_pb2.ToolChoice:
+    return common_pb2.ToolChoice(mode=_TOOL_CHOICE_MODES[choice.mode], function_name=choice.name)
+
+
+def tool_choice_from_proto(msg: common_pb2.ToolChoice) -> ToolChoice:
+    return ToolChoice(_TOOL_CHOICE_NAMES[msg.mode], msg.function_name)
+
+
+def tool_call_to_proto(call: ToolCall) -> common_pb2.ToolCall:
+    return common_pb2.ToolCall(id=call.id, name=call.name, arguments=call.arguments)
+
+
+def tool_call_from_proto(msg: common_pb2.ToolCall) -> ToolCall:
+    return ToolCall(msg.id, msg.name, msg.arguments)

@@ -6,19 +6,30 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import grpc
 from opentelemetry import trace
 
 from clairvoyant.contracts.v1 import common_pb2, scheduler_pb2, worker_pb2
 from clairvoyant.core.errors import ClairvoyantError, Unavailable
+from clairvoyant.core.structured import assemble_calls
 from clairvoyant.gateway import metrics
 from clairvoyant.gateway.clients import GenerateCall, rpc_error
 from clairvoyant.gateway.records import STATUS_CANCELLED, STATUS_ERROR, STATUS_OK, Outcome
-from clairvoyant.gateway.request import CompletionResult, GenerationRequest, TokenUsage
+from clairvoyant.gateway.request import Choice, CompletionResult, GenerationRequest, TokenUsage
 
 logger = logging.getLogger(__name__)
+
+
+class Piece(NamedTuple):
+    """One worker message's share of one choice's output."""
+
+    choice: int  # the choice's index
+    text: str
+    logprobs: Sequence[common_pb2.TokenLogprob]
+    tool_calls: Sequence[common_pb2.ToolCallDelta]
+    finish_reason: str | None  # set on the choice's last piece
 
 
 class RequestLifecycle(Protocol):
@@ -67,8 +78,11 @@ class Generation:
         self.placement = placement
         self.annotations = annotations
         self.created = int(request.arrival_time)
+        # Set once every choice has finished: the first choice's reason (finish_reasons has all).
         self.finish_reason: str | None = None
-        self.stop_sequence: str | None = None  # the stop string that ended the output, if one did
+        self.stop_sequence: str | None = None  # the first choice's stop string, if one ended it
+        self.finish_reasons: dict[int, str] = {}  # choice index -> its finish_reason, as they finish
+        self.stop_sequences: dict[int, str] = {}
         self.usage = TokenUsage()
         self._pipeline = pipeline
         self._call = call
@@ -83,7 +97,10 @@ class Generation:
         self._response_block_hashes: tuple[int, ...] = ()
         self._prompt_token_ids: tuple[int, ...] = ()
         self._output_token_ids: list[int] = []
-        self.logprobs: list[common_pb2.TokenLogprob] = []  # every token's so far (when asked for)
+        self.logprobs: list[common_pb2.TokenLogprob] = []  # the first choice's so far (when asked for)
+        self._texts: dict[int, list[str]] = {}  # choice index -> its text pieces (result() only)
+        self._choice_logprobs: dict[int, list[common_pb2.TokenLogprob]] = {}
+        self._tool_deltas: dict[int, list[common_pb2.ToolCallDelta]] = {}
         self._error: ClairvoyantError | None = None
         self._recorded = True  # False: release the placement but publish nothing
         # Set by Pipeline.start on success: from then on, closing this generation ends the request
@@ -108,37 +125,70 @@ class Generation:
         self._recorded = False
 
     async def deltas(self) -> AsyncIterator[str]:
-        """The output text piece by piece.  Raises ClairvoyantError if the worker fails mid-way."""
+        """The first choice's text piece by piece.  Raises ClairvoyantError if the worker fails mid-way."""
         async for text, _ in self.pieces():
             if text:
                 yield text
 
     async def pieces(self) -> AsyncIterator[tuple[str, Sequence[common_pb2.TokenLogprob]]]:
-        """The output piece by piece: new text and the new tokens' log probabilities (empty unless
-        asked for); either may be empty.  Raises ClairvoyantError if the worker fails mid-way."""
+        """The first choice's output piece by piece: new text and the new tokens' log probabilities
+        (empty unless asked for); either may be empty.  Raises ClairvoyantError if the worker
+        fails mid-way."""
+        async for piece in self.chunks():
+            if piece.choice == 0 and (piece.text or piece.logprobs):
+                yield piece.text, piece.logprobs
+
+    async def chunks(self) -> AsyncIterator[Piece]:
+        """Every choice's output piece by piece, as the worker sends it: text, log probabilities
+        and tool-call pieces, each tagged with its choice.  A piece whose ``finish_reason`` is set
+        is its choice's last.  Raises ClairvoyantError if the worker fails mid-way."""
         msg, self._pending = self._pending, None
         while msg is not None:
             self._absorb(msg)
-            if msg.text or msg.logprobs:
-                yield msg.text, msg.logprobs
+            finish = msg.finish_reason if msg.HasField("finish_reason") else None
+            if msg.text or msg.logprobs or msg.tool_calls or finish is not None:
+                yield Piece(msg.index, msg.text, msg.logprobs, msg.tool_calls, finish)
             if self.finish_reason is not None:
                 return
             msg = await self._read()
         self._error = Unavailable(f"worker {self.worker_id} ended the stream without a finish_reason")
         raise self._error
 
-    def result(self, text: str) -> CompletionResult:
+    async def complete(self) -> CompletionResult:
+        """Read the rest of the stream and return the whole answer, every choice."""
+        async for _ in self.chunks():
+            pass
+        return self.result()
+
+    def result(self, text: str | None = None) -> CompletionResult:
+        """The whole answer, once the stream has been read to its end (``chunks`` or ``complete``).
+        ``text``: the first choice's text as the caller assembled it (default: as absorbed)."""
         assert self.finish_reason is not None, "result() is for a generation that finished"
+        wants_logprobs = self.request.sampling.logprobs is not None
+        choices = tuple(
+            Choice(
+                index,
+                "".join(self._texts.get(index, ())),
+                self.finish_reasons[index],
+                tuple(self._choice_logprobs.get(index, ())) if wants_logprobs else None,
+                self.stop_sequences.get(index),
+                assemble_calls(self._tool_deltas.get(index, ())),
+            )
+            for index in sorted(self.finish_reasons)
+        )
+        first = choices[0]
         return CompletionResult(
             self.request.request_id,
             self.request.model,
             self.created,
-            text,
-            self.finish_reason,
+            first.text if text is None else text,
+            first.finish_reason,
             self.usage,
             self.annotations,
-            tuple(self.logprobs) if self.request.sampling.logprobs is not None else None,
-            self.stop_sequence,
+            first.logprobs,
+            first.stop_sequence,
+            first.tool_calls,
+            choices,
         )
 
     async def _read(self) -> worker_pb2.GenerateResponse | None:
@@ -159,15 +209,27 @@ class Generation:
             )
             self._attempt_span.add_event("first_token")
         self._tokens_seen += len(msg.token_ids)
-        self._output_token_ids.extend(msg.token_ids)
-        self.logprobs.extend(msg.logprobs)
+        index = msg.index
+        if index == 0:
+            self._output_token_ids.extend(msg.token_ids)
+            self.logprobs.extend(msg.logprobs)
+        if msg.text:
+            self._texts.setdefault(index, []).append(msg.text)
+        if msg.logprobs:
+            self._choice_logprobs.setdefault(index, []).extend(msg.logprobs)
+        if msg.tool_calls:
+            self._tool_deltas.setdefault(index, []).extend(msg.tool_calls)
         if msg.HasField("usage"):
             self.usage = TokenUsage.from_proto(msg.usage)
         else:
             self.usage = TokenUsage(self._prompt_tokens, self._tokens_seen, self.usage.cached_tokens)
         if msg.HasField("finish_reason"):
-            self.finish_reason = msg.finish_reason or "stop"
-            self.stop_sequence = msg.stop_sequence if msg.HasField("stop_sequence") else None
+            self.finish_reasons[index] = msg.finish_reason or "stop"
+            if msg.HasField("stop_sequence"):
+                self.stop_sequences[index] = msg.stop_sequence
+        if msg.HasField("finish_reason") and len(self.finish_reasons) >= max(1, self.request.sampling.n):
+            self.finish_reason = self.finish_reasons.get(0, "stop")
+            self.stop_sequence = self.stop_sequences.get(0)
             self._prompt_block_hashes = tuple(msg.prompt_block_hashes)
             self._response_block_hashes = tuple(msg.response_block_hashes)
             self._prompt_token_ids = tuple(msg.prompt_token_ids)

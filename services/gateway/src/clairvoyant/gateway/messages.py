@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from clairvoyant.contracts.v1 import common_pb2, scheduler_pb2, worker_pb2
 from clairvoyant.core.errors import InvalidRequest
-from clairvoyant.core.wire import app_metadata_to_proto
+from clairvoyant.core.wire import (
+    app_metadata_to_proto,
+    tool_call_to_proto,
+    tool_choice_to_proto,
+    tool_to_proto,
+)
 from clairvoyant.gateway.request import GenerationRequest
 
 
@@ -37,11 +42,20 @@ def encode_messages(
         )
         if request.chat is not None:
             turns = [
-                common_pb2.ChatMessage(role=t.role, content=t.content, name=t.name) for t in request.chat
+                common_pb2.ChatMessage(
+                    role=t.role, content=t.content, name=t.name, tool_call_id=t.tool_call_id,
+                    tool_calls=[tool_call_to_proto(call) for call in t.tool_calls],
+                )  # fmt: skip
+                for t in request.chat
             ]
             generate.chat.CopyFrom(worker_pb2.ChatMessages(messages=turns))
         else:
             generate.prompt = request.prompt or ""
+        if request.tools:
+            generate.tools.extend(tool_to_proto(tool) for tool in request.tools)
+            if request.tool_choice is not None:
+                generate.tool_choice.CopyFrom(tool_choice_to_proto(request.tool_choice))
+            generate.parallel_tool_calls = request.parallel_tool_calls
         if request.app_metadata is not None:
             schedule.app_metadata.CopyFrom(app_metadata_to_proto(request.app_metadata))
             generate.app_metadata.CopyFrom(schedule.app_metadata)

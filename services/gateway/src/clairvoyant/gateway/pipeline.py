@@ -107,10 +107,10 @@ class Pipeline:
         """The whole answer at once (non-streaming requests)."""
         generation = await self.start(request, parent)
         try:
-            text = "".join([delta async for delta in generation.deltas()])
+            await generation.complete()
         finally:
             await generation.close()
-        return generation.result(text)
+        return generation.result()
 
     async def _place_and_open(self, request: GenerationRequest, request_span: trace.Span) -> Generation:
         model = await self.models.resolve(request.model)

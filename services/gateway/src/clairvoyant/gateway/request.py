@@ -12,6 +12,8 @@ from typing import Literal
 from clairvoyant.contracts.v1 import common_pb2
 from clairvoyant.core.app_metadata import AppMetadata
 from clairvoyant.core.openai_schema import ChatTurn
+from clairvoyant.core.structured import OutputConstraint, ToolCall, ToolChoice, ToolSpec
+from clairvoyant.core.wire import constraint_to_proto
 
 # The value of CompletionRecord.endpoint, and the label on the gateway's metrics.
 Endpoint = Literal["chat.completions", "completions", "messages", "grpc"]
@@ -31,12 +33,16 @@ class Sampling:
     repetition_penalty: float | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
     logprobs: int | None = None  # None: none; k: each token's log probability and the top k
+    constraint: OutputConstraint | None = None  # response_format and the guided_* extensions
+    n: int = 1  # choices, sharing the prompt's prefill
 
     def to_proto(self) -> common_pb2.SamplingParams:
         msg = common_pb2.SamplingParams(
             stop=list(self.stop), ignore_eos=self.ignore_eos, min_tokens=self.min_tokens,
-            logit_bias=dict(self.logit_bias),
+            logit_bias=dict(self.logit_bias), n=self.n,
         )  # fmt: skip
+        if self.constraint is not None:
+            msg.constraint.CopyFrom(constraint_to_proto(self.constraint))
         if self.logprobs is not None:
             msg.logprobs = self.logprobs
         for name in ("frequency_penalty", "presence_penalty", "repetition_penalty"):
@@ -69,6 +75,9 @@ class GenerationRequest:
     app_metadata: AppMetadata | None = None
     stream: bool = False
     echo_annotations: bool = False
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: ToolChoice | None = None  # None: "auto" when there are tools
+    parallel_tool_calls: bool = True
 
     def __post_init__(self) -> None:
         assert (self.chat is None) != (self.prompt is None), "exactly one of chat and prompt"
@@ -115,8 +124,21 @@ class TokenUsage:
 
 
 @dataclass(frozen=True)
+class Choice:
+    """One choice of a whole answer (``n`` > 1 gives several)."""
+
+    index: int
+    text: str
+    finish_reason: str  # stop | length | tool_calls | abort
+    logprobs: tuple[common_pb2.TokenLogprob, ...] | None = None  # None: not asked for
+    stop_sequence: str | None = None  # the stop string that ended the output, if one did
+    tool_calls: tuple[ToolCall, ...] = ()
+
+
+@dataclass(frozen=True)
 class CompletionResult:
-    """A whole (non-streamed) answer."""
+    """A whole (non-streamed) answer.  ``text``, ``finish_reason``, ``logprobs``,
+    ``stop_sequence`` and ``tool_calls`` are the first choice's; ``choices`` holds them all."""
 
     request_id: str
     model: str
@@ -127,3 +149,5 @@ class CompletionResult:
     annotations: common_pb2.SysAnnotations | None = field(default=None)
     logprobs: tuple[common_pb2.TokenLogprob, ...] | None = None  # None: not asked for
     stop_sequence: str | None = None  # the stop string that ended the output, if one did
+    tool_calls: tuple[ToolCall, ...] = ()
+    choices: tuple[Choice, ...] = ()  # every choice, index order (the first one repeated above)

@@ -13,6 +13,7 @@ from clairvoyant.contracts.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from clairvoyant.core.errors import ClairvoyantError, InvalidRequest
 from clairvoyant.core.grpc_errors import abort
 from clairvoyant.core.telemetry import extract_context, tracer
+from clairvoyant.core.wire import constraint_from_proto
 from clairvoyant.worker.block_hashes import SequenceHasher
 from clairvoyant.worker.core.kv_transfer import KvTransferError
 from clairvoyant.worker.core.sampling import SamplingParams, TokenLogprob
@@ -52,6 +53,8 @@ def sampling_params(msg: common_pb2.SamplingParams, default_max_tokens: int) -> 
         repetition_penalty=msg.repetition_penalty if msg.HasField("repetition_penalty") else 1.0,
         logit_bias=tuple(sorted(msg.logit_bias.items())),
         logprobs=msg.logprobs if msg.HasField("logprobs") else None,
+        constraint=constraint_from_proto(msg.constraint) if msg.HasField("constraint") else None,
+        n=msg.n or 1,
     )
 
 

@@ -26,7 +26,7 @@ from clairvoyant.contracts.v1 import common_pb2 as clairvoyant_dot_v1_dot_common
 from clairvoyant.contracts.v1 import cachemgr_pb2 as clairvoyant_dot_v1_dot_cachemgr__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x63lairvoyant/v1/worker.proto\x12\x0e\x63lairvoyant.v1\x1a\x1b\x63lairvoyant/v1/common.proto\x1a\x1d\x63lairvoyant/v1/cachemgr.proto\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"=\n\x0c\x43hatMessages\x12-\n\x08messages\x18\x01 \x03(\x0b\x32\x1b.clairvoyant.v1.ChatMessage\"\xba\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12,\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x1c.clairvoyant.v1.ChatMessagesH\x00\x12\x10\n\x06prompt\x18\x04 \x01(\tH\x00\x12-\n\ttoken_ids\x18\x05 \x01(\x0b\x32\x18.clairvoyant.v1.TokenIdsH\x00\x12\x30\n\x08sampling\x18\x06 \x01(\x0b\x32\x1e.clairvoyant.v1.SamplingParams\x12\x0e\n\x06tenant\x18\x07 \x01(\t\x12\x31\n\x0c\x61pp_metadata\x18\x08 \x01(\x0b\x32\x1b.clairvoyant.v1.AppMetadata\x12\x33\n\x0b\x61nnotations\x18\t \x01(\x0b\x32\x1e.clairvoyant.v1.SysAnnotations\x12\x15\n\rbase_priority\x18\n \x01(\x01\x12\x18\n\x10scheduler_preset\x18\x0b \x01(\t\x12\x16\n\x0eprogram_wait_s\x18\x0c \x01(\x01\x12\x19\n\x11program_service_s\x18\r \x01(\x01\x42\x07\n\x05input\"\x8c\x03\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x1a\n\rfinish_reason\x18\x04 \x01(\tH\x00\x88\x01\x01\x12)\n\x05usage\x18\x05 \x01(\x0b\x32\x15.clairvoyant.v1.UsageH\x01\x88\x01\x01\x12\x1a\n\rprompt_tokens\x18\x06 \x01(\rH\x02\x88\x01\x01\x12\x1b\n\x13prompt_block_hashes\x18\x07 \x03(\x06\x12\x1d\n\x15response_block_hashes\x18\x08 \x03(\x06\x12\x18\n\x10prompt_token_ids\x18\t \x03(\r\x12.\n\x08logprobs\x18\n \x03(\x0b\x32\x1c.clairvoyant.v1.TokenLogprob\x12\x1a\n\rstop_sequence\x18\x0b \x01(\tH\x03\x88\x01\x01\x42\x10\n\x0e_finish_reasonB\x08\n\x06_usageB\x10\n\x0e_prompt_tokensB\x10\n\x0e_stop_sequence\"\xdf\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12,\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x1c.clairvoyant.v1.ChatMessagesH\x00\x12\x10\n\x06prompt\x18\x03 \x01(\tH\x00\x12-\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x18.clairvoyant.v1.TokenIdsH\x00\x12\x0e\n\x06tenant\x18\x05 \x01(\t\x12\x31\n\x0c\x61pp_metadata\x18\x06 \x01(\x0b\x32\x1b.clairvoyant.v1.AppMetadataB\x07\n\x05input\"?\n\x0fPrefillResponse\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\r\"L\n\x16\x41pplyDirectivesRequest\x12\x32\n\ndirectives\x18\x01 \x03(\x0b\x32\x1e.clairvoyant.v1.CacheDirective\"*\n\x17\x41pplyDirectivesResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\r\"l\n\x0f\x45xportKVRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x13\n\x0bworkflow_id\x18\x03 \x01(\t\x12\x11\n\ttoken_ids\x18\x04 \x03(\r\x12\r\n\x05model\x18\x05 \x01(\t\"\xb3\x01\n\x07KVChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05layer\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\r\n\x05shape\x18\x06 \x03(\r\x12\r\n\x05model\x18\x07 \x01(\t\x12\x0e\n\x06tenant\x18\x08 \x01(\t\x12\x13\n\x0bworkflow_id\x18\t \x01(\t\x12\x12\n\nnum_layers\x18\n \x01(\r\";\n\x10ImportKVResponse\x12\x0e\n\x06tokens\x18\x01 \x01(\r\x12\x17\n\x0fimported_tokens\x18\x02 \x01(\r\"#\n\x12WorkerDrainRequest\x12\r\n\x05\x64rain\x18\x01 \x01(\x08\"\'\n\x13WorkerDrainResponse\x12\x10\n\x08requeued\x18\x01 \x01(\r\"\x14\n\x12WorkerStatsRequest\"s\n\tTierUsage\x12\'\n\x04tier\x18\x01 \x01(\x0e\x32\x19.clairvoyant.v1.CacheTier\x12\x13\n\x0b\x62locks_used\x18\x02 \x01(\x04\x12\x14\n\x0c\x62locks_total\x18\x03 \x01(\x04\x12\x12\n\nhit_tokens\x18\x04 \x01(\x04\"\xb6\x02\n\x07KvEvent\x12*\n\x04kind\x18\x01 \x01(\x0e\x32\x1c.clairvoyant.v1.KvEvent.Kind\x12\'\n\x04tier\x18\x02 \x01(\x0e\x32\x19.clairvoyant.v1.CacheTier\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x04 \x03(\x06\x12\x18\n\x0bparent_hash\x18\x05 \x01(\x06H\x00\x88\x01\x01\x12\x30\n\x07lineage\x18\x06 \x01(\x0b\x32\x1f.clairvoyant.v1.LineageSelector\x12\x10\n\x08response\x18\x07 \x01(\x08\"B\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\n\n\x06STORED\x10\x01\x12\x0b\n\x07REMOVED\x10\x02\x12\x0b\n\x07\x43LEARED\x10\x03\x42\x0e\n\x0c_parent_hash\"\x92\x01\n\x0cKvEventBatch\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x12\n\nblock_size\x18\x03 \x01(\r\x12\x10\n\x08sequence\x18\x04 \x01(\x04\x12\x11\n\ttimestamp\x18\x05 \x01(\x01\x12\'\n\x06\x65vents\x18\x06 \x03(\x0b\x32\x17.clairvoyant.v1.KvEvent\"\xe9\x03\n\x0bWorkerStats\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x03 \x01(\t\x12\x14\n\x0chttp_address\x18\x04 \x01(\t\x12\x0f\n\x07running\x18\x05 \x01(\r\x12\x0e\n\x06queued\x18\x06 \x01(\r\x12\x11\n\tmax_batch\x18\x07 \x01(\r\x12\x16\n\x0ekv_blocks_used\x18\x08 \x01(\x04\x12\x17\n\x0fkv_blocks_total\x18\t \x01(\x04\x12\x18\n\x10kv_blocks_cached\x18\n \x01(\x04\x12\x12\n\nblock_size\x18\x0b \x01(\r\x12\x15\n\rmax_model_len\x18\x0c \x01(\r\x12\x19\n\x11preemptions_total\x18\r \x01(\x04\x12\x1c\n\x14heartbeat_interval_s\x18\x0e \x01(\x01\x12\x11\n\ttimestamp\x18\x0f \x01(\x01\x12\x10\n\x08\x64raining\x18\x10 \x01(\x08\x12(\n\x05tiers\x18\x11 \x03(\x0b\x32\x19.clairvoyant.v1.TierUsage\x12*\n\x04held\x18\x12 \x01(\x0b\x32\x1c.clairvoyant.v1.HeldRequests\x12\x0e\n\x06\x65ngine\x18\x13 \x01(\t\x12\x1e\n\x16unsupported_directives\x18\x14 \x03(\t\"#\n\x0cHeldRequests\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t2\xb6\x04\n\x06Worker\x12O\n\x08Generate\x12\x1f.clairvoyant.v1.GenerateRequest\x1a .clairvoyant.v1.GenerateResponse0\x01\x12J\n\x07Prefill\x12\x1e.clairvoyant.v1.PrefillRequest\x1a\x1f.clairvoyant.v1.PrefillResponse\x12\x62\n\x0f\x41pplyDirectives\x12&.clairvoyant.v1.ApplyDirectivesRequest\x1a\'.clairvoyant.v1.ApplyDirectivesResponse\x12\x46\n\x08\x45xportKV\x12\x1f.clairvoyant.v1.ExportKVRequest\x1a\x17.clairvoyant.v1.KVChunk0\x01\x12G\n\x08ImportKV\x12\x17.clairvoyant.v1.KVChunk\x1a .clairvoyant.v1.ImportKVResponse(\x01\x12H\n\x05Stats\x12\".clairvoyant.v1.WorkerStatsRequest\x1a\x1b.clairvoyant.v1.WorkerStats\x12P\n\x05\x44rain\x12\".clairvoyant.v1.WorkerDrainRequest\x1a#.clairvoyant.v1.WorkerDrainResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x63lairvoyant/v1/worker.proto\x12\x0e\x63lairvoyant.v1\x1a\x1b\x63lairvoyant/v1/common.proto\x1a\x1d\x63lairvoyant/v1/cachemgr.proto\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"=\n\x0c\x43hatMessages\x12-\n\x08messages\x18\x01 \x03(\x0b\x32\x1b.clairvoyant.v1.ChatMessage\"\xca\x04\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12,\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x1c.clairvoyant.v1.ChatMessagesH\x00\x12\x10\n\x06prompt\x18\x04 \x01(\tH\x00\x12-\n\ttoken_ids\x18\x05 \x01(\x0b\x32\x18.clairvoyant.v1.TokenIdsH\x00\x12\x30\n\x08sampling\x18\x06 \x01(\x0b\x32\x1e.clairvoyant.v1.SamplingParams\x12\x0e\n\x06tenant\x18\x07 \x01(\t\x12\x31\n\x0c\x61pp_metadata\x18\x08 \x01(\x0b\x32\x1b.clairvoyant.v1.AppMetadata\x12\x33\n\x0b\x61nnotations\x18\t \x01(\x0b\x32\x1e.clairvoyant.v1.SysAnnotations\x12\x15\n\rbase_priority\x18\n \x01(\x01\x12\x18\n\x10scheduler_preset\x18\x0b \x01(\t\x12\x16\n\x0eprogram_wait_s\x18\x0c \x01(\x01\x12\x19\n\x11program_service_s\x18\r \x01(\x01\x12#\n\x05tools\x18\x0e \x03(\x0b\x32\x14.clairvoyant.v1.Tool\x12/\n\x0btool_choice\x18\x0f \x01(\x0b\x32\x1a.clairvoyant.v1.ToolChoice\x12 \n\x13parallel_tool_calls\x18\x10 \x01(\x08H\x01\x88\x01\x01\x42\x07\n\x05inputB\x16\n\x14_parallel_tool_calls\"\xce\x03\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x1a\n\rfinish_reason\x18\x04 \x01(\tH\x00\x88\x01\x01\x12)\n\x05usage\x18\x05 \x01(\x0b\x32\x15.clairvoyant.v1.UsageH\x01\x88\x01\x01\x12\x1a\n\rprompt_tokens\x18\x06 \x01(\rH\x02\x88\x01\x01\x12\x1b\n\x13prompt_block_hashes\x18\x07 \x03(\x06\x12\x1d\n\x15response_block_hashes\x18\x08 \x03(\x06\x12\x18\n\x10prompt_token_ids\x18\t \x03(\r\x12.\n\x08logprobs\x18\n \x03(\x0b\x32\x1c.clairvoyant.v1.TokenLogprob\x12\x1a\n\rstop_sequence\x18\x0b \x01(\tH\x03\x88\x01\x01\x12\x31\n\ntool_calls\x18\x0c \x03(\x0b\x32\x1d.clairvoyant.v1.ToolCallDelta\x12\r\n\x05index\x18\r \x01(\rB\x10\n\x0e_finish_reasonB\x08\n\x06_usageB\x10\n\x0e_prompt_tokensB\x10\n\x0e_stop_sequence\"\xdf\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12,\n\x04\x63hat\x18\x02 \x01(\x0b\x32\x1c.clairvoyant.v1.ChatMessagesH\x00\x12\x10\n\x06prompt\x18\x03 \x01(\tH\x00\x12-\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x18.clairvoyant.v1.TokenIdsH\x00\x12\x0e\n\x06tenant\x18\x05 \x01(\t\x12\x31\n\x0c\x61pp_metadata\x18\x06 \x01(\x0b\x32\x1b.clairvoyant.v1.AppMetadataB\x07\n\x05input\"?\n\x0fPrefillResponse\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\r\"L\n\x16\x41pplyDirectivesRequest\x12\x32\n\ndirectives\x18\x01 \x03(\x0b\x32\x1e.clairvoyant.v1.CacheDirective\"*\n\x17\x41pplyDirectivesResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\r\"l\n\x0f\x45xportKVRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12\x13\n\x0bworkflow_id\x18\x03 \x01(\t\x12\x11\n\ttoken_ids\x18\x04 \x03(\r\x12\r\n\x05model\x18\x05 \x01(\t\"\xb3\x01\n\x07KVChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05layer\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\r\n\x05shape\x18\x06 \x03(\r\x12\r\n\x05model\x18\x07 \x01(\t\x12\x0e\n\x06tenant\x18\x08 \x01(\t\x12\x13\n\x0bworkflow_id\x18\t \x01(\t\x12\x12\n\nnum_layers\x18\n \x01(\r\";\n\x10ImportKVResponse\x12\x0e\n\x06tokens\x18\x01 \x01(\r\x12\x17\n\x0fimported_tokens\x18\x02 \x01(\r\"#\n\x12WorkerDrainRequest\x12\r\n\x05\x64rain\x18\x01 \x01(\x08\"\'\n\x13WorkerDrainResponse\x12\x10\n\x08requeued\x18\x01 \x01(\r\"\x14\n\x12WorkerStatsRequest\"s\n\tTierUsage\x12\'\n\x04tier\x18\x01 \x01(\x0e\x32\x19.clairvoyant.v1.CacheTier\x12\x13\n\x0b\x62locks_used\x18\x02 \x01(\x04\x12\x14\n\x0c\x62locks_total\x18\x03 \x01(\x04\x12\x12\n\nhit_tokens\x18\x04 \x01(\x04\"\xb6\x02\n\x07KvEvent\x12*\n\x04kind\x18\x01 \x01(\x0e\x32\x1c.clairvoyant.v1.KvEvent.Kind\x12\'\n\x04tier\x18\x02 \x01(\x0e\x32\x19.clairvoyant.v1.CacheTier\x12\x0e\n\x06tenant\x18\x03 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x04 \x03(\x06\x12\x18\n\x0bparent_hash\x18\x05 \x01(\x06H\x00\x88\x01\x01\x12\x30\n\x07lineage\x18\x06 \x01(\x0b\x32\x1f.clairvoyant.v1.LineageSelector\x12\x10\n\x08response\x18\x07 \x01(\x08\"B\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\n\n\x06STORED\x10\x01\x12\x0b\n\x07REMOVED\x10\x02\x12\x0b\n\x07\x43LEARED\x10\x03\x42\x0e\n\x0c_parent_hash\"\x92\x01\n\x0cKvEventBatch\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x12\n\nblock_size\x18\x03 \x01(\r\x12\x10\n\x08sequence\x18\x04 \x01(\x04\x12\x11\n\ttimestamp\x18\x05 \x01(\x01\x12\'\n\x06\x65vents\x18\x06 \x03(\x0b\x32\x17.clairvoyant.v1.KvEvent\"\xe9\x03\n\x0bWorkerStats\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x14\n\x0cgrpc_address\x18\x03 \x01(\t\x12\x14\n\x0chttp_address\x18\x04 \x01(\t\x12\x0f\n\x07running\x18\x05 \x01(\r\x12\x0e\n\x06queued\x18\x06 \x01(\r\x12\x11\n\tmax_batch\x18\x07 \x01(\r\x12\x16\n\x0ekv_blocks_used\x18\x08 \x01(\x04\x12\x17\n\x0fkv_blocks_total\x18\t \x01(\x04\x12\x18\n\x10kv_blocks_cached\x18\n \x01(\x04\x12\x12\n\nblock_size\x18\x0b \x01(\r\x12\x15\n\rmax_model_len\x18\x0c \x01(\r\x12\x19\n\x11preemptions_total\x18\r \x01(\x04\x12\x1c\n\x14heartbeat_interval_s\x18\x0e \x01(\x01\x12\x11\n\ttimestamp\x18\x0f \x01(\x01\x12\x10\n\x08\x64raining\x18\x10 \x01(\x08\x12(\n\x05tiers\x18\x11 \x03(\x0b\x32\x19.clairvoyant.v1.TierUsage\x12*\n\x04held\x18\x12 \x01(\x0b\x32\x1c.clairvoyant.v1.HeldRequests\x12\x0e\n\x06\x65ngine\x18\x13 \x01(\t\x12\x1e\n\x16unsupported_directives\x18\x14 \x03(\t\"#\n\x0cHeldRequests\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t2\xb6\x04\n\x06Worker\x12O\n\x08Generate\x12\x1f.clairvoyant.v1.GenerateRequest\x1a .clairvoyant.v1.GenerateResponse0\x01\x12J\n\x07Prefill\x12\x1e.clairvoyant.v1.PrefillRequest\x1a\x1f.clairvoyant.v1.PrefillResponse\x12\x62\n\x0f\x41pplyDirectives\x12&.clairvoyant.v1.ApplyDirectivesRequest\x1a\'.clairvoyant.v1.ApplyDirectivesResponse\x12\x46\n\x08\x45xportKV\x12\x1f.clairvoyant.v1.ExportKVRequest\x1a\x17.clairvoyant.v1.KVChunk0\x01\x12G\n\x08ImportKV\x12\x17.clairvoyant.v1.KVChunk\x1a .clairvoyant.v1.ImportKVResponse(\x01\x12H\n\x05Stats\x12\".clairvoyant.v1.WorkerStatsRequest\x1a\x1b.clairvoyant.v1.WorkerStats\x12P\n\x05\x44rain\x12\".clairvoyant.v1.WorkerDrainRequest\x1a#.clairvoyant.v1.WorkerDrainResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,41 +38,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CHATMESSAGES']._serialized_start=132
   _globals['_CHATMESSAGES']._serialized_end=193
   _globals['_GENERATEREQUEST']._serialized_start=196
-  _globals['_GENERATEREQUEST']._serialized_end=638
-  _globals['_GENERATERESPONSE']._serialized_start=641
-  _globals['_GENERATERESPONSE']._serialized_end=1037
-  _globals['_PREFILLREQUEST']._serialized_start=1040
-  _globals['_PREFILLREQUEST']._serialized_end=1263
-  _globals['_PREFILLRESPONSE']._serialized_start=1265
-  _globals['_PREFILLRESPONSE']._serialized_end=1328
-  _globals['_APPLYDIRECTIVESREQUEST']._serialized_start=1330
-  _globals['_APPLYDIRECTIVESREQUEST']._serialized_end=1406
-  _globals['_APPLYDIRECTIVESRESPONSE']._serialized_start=1408
-  _globals['_APPLYDIRECTIVESRESPONSE']._serialized_end=1450
-  _globals['_EXPORTKVREQUEST']._serialized_start=1452
-  _globals['_EXPORTKVREQUEST']._serialized_end=1560
-  _globals['_KVCHUNK']._serialized_start=1563
-  _globals['_KVCHUNK']._serialized_end=1742
-  _globals['_IMPORTKVRESPONSE']._serialized_start=1744
-  _globals['_IMPORTKVRESPONSE']._serialized_end=1803
-  _globals['_WORKERDRAINREQUEST']._serialized_start=1805
-  _globals['_WORKERDRAINREQUEST']._serialized_end=1840
-  _globals['_WORKERDRAINRESPONSE']._serialized_start=1842
-  _globals['_WORKERDRAINRESPONSE']._serialized_end=1881
-  _globals['_WORKERSTATSREQUEST']._serialized_start=1883
-  _globals['_WORKERSTATSREQUEST']._serialized_end=1903
-  _globals['_TIERUSAGE']._serialized_start=1905
-  _globals['_TIERUSAGE']._serialized_end=2020
-  _globals['_KVEVENT']._serialized_start=2023
-  _globals['_KVEVENT']._serialized_end=2333
-  _globals['_KVEVENT_KIND']._serialized_start=2251
-  _globals['_KVEVENT_KIND']._serialized_end=2317
-  _globals['_KVEVENTBATCH']._serialized_start=2336
-  _globals['_KVEVENTBATCH']._serialized_end=2482
-  _globals['_WORKERSTATS']._serialized_start=2485
-  _globals['_WORKERSTATS']._serialized_end=2974
-  _globals['_HELDREQUESTS']._serialized_start=2976
-  _globals['_HELDREQUESTS']._serialized_end=3011
-  _globals['_WORKER']._serialized_start=3014
-  _globals['_WORKER']._serialized_end=3580
+  _globals['_GENERATEREQUEST']._serialized_end=782
+  _globals['_GENERATERESPONSE']._serialized_start=785
+  _globals['_GENERATERESPONSE']._serialized_end=1247
+  _globals['_PREFILLREQUEST']._serialized_start=1250
+  _globals['_PREFILLREQUEST']._serialized_end=1473
+  _globals['_PREFILLRESPONSE']._serialized_start=1475
+  _globals['_PREFILLRESPONSE']._serialized_end=1538
+  _globals['_APPLYDIRECTIVESREQUEST']._serialized_start=1540
+  _globals['_APPLYDIRECTIVESREQUEST']._serialized_end=1616
+  _globals['_APPLYDIRECTIVESRESPONSE']._serialized_start=1618
+  _globals['_APPLYDIRECTIVESRESPONSE']._serialized_end=1660
+  _globals['_EXPORTKVREQUEST']._serialized_start=1662
+  _globals['_EXPORTKVREQUEST']._serialized_end=1770
+  _globals['_KVCHUNK']._serialized_start=1773
+  _globals['_KVCHUNK']._serialized_end=1952
+  _globals['_IMPORTKVRESPONSE']._serialized_start=1954
+  _globals['_IMPORTKVRESPONSE']._serialized_end=2013
+  _globals['_WORKERDRAINREQUEST']._serialized_start=2015
+  _globals['_WORKERDRAINREQUEST']._serialized_end=2050
+  _globals['_WORKERDRAINRESPONSE']._serialized_start=2052
+  _globals['_WORKERDRAINRESPONSE']._serialized_end=2091
+  _globals['_WORKERSTATSREQUEST']._serialized_start=2093
+  _globals['_WORKERSTATSREQUEST']._serialized_end=2113
+  _globals['_TIERUSAGE']._serialized_start=2115
+  _globals['_TIERUSAGE']._serialized_end=2230
+  _globals['_KVEVENT']._serialized_start=2233
+  _globals['_KVEVENT']._serialized_end=2543
+  _globals['_KVEVENT_KIND']._serialized_start=2461
+  _globals['_KVEVENT_KIND']._serialized_end=2527
+  _globals['_KVEVENTBATCH']._serialized_start=2546
+  _globals['_KVEVENTBATCH']._serialized_end=2692
+  _globals['_WORKERSTATS']._serialized_start=2695
+  _globals['_WORKERSTATS']._serialized_end=3184
+  _globals['_HELDREQUESTS']._serialized_start=3186
+  _globals['_HELDREQUESTS']._serialized_end=3221
+  _globals['_WORKER']._serialized_start=3224
+  _globals['_WORKER']._serialized_end=3790
 # @@protoc_insertion_point(module_scope)

@@ -26,6 +26,8 @@ from typing import NamedTuple
 
 import torch
 
+from clairvoyant.core.structured import OutputConstraint
+
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs
 
 
@@ -67,6 +69,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # > 0: scales the logits of tokens in the prompt or the output
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
     logprobs: int | None = None  # None: none; k: each token's log probability and the top k (0-20)
+    constraint: OutputConstraint | None = None  # grammar-constrained decoding (core/grammar.py)
+    n: int = 1  # choices of the same prompt
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -84,6 +88,8 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if self.repetition_penalty <= 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}")
         for token, bias in self.logit_bias:

@@ -56,6 +56,7 @@ class RequestOutput:
     first_token_time: float | None  # engine clock time of the first sampled token
     logprobs: tuple[TokenLogprob, ...] = ()  # one per new token, when the request asked for them
     stop_sequence: str | None = None  # the final output's, when a stop string ended the request
+    index: int = 0  # the choice (SamplingParams.n > 1); ``finished`` is this choice's
 
 
 @dataclass
