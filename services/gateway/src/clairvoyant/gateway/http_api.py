@@ -31,7 +31,7 @@ from clairvoyant.core.openai_schema import (
     validate_body,
 )
 from clairvoyant.core.telemetry import extract_context
-from clairvoyant.gateway import anthropic_api
+from clairvoyant.gateway import anthropic_api, openai_responses
 from clairvoyant.gateway.config import GatewaySettings
 from clairvoyant.gateway.frontend import GatewayFrontend
 from clairvoyant.gateway.http_common import CLIENT_CLOSED, SSE_HEADERS, read_json, until_disconnected
@@ -181,6 +181,8 @@ def create_app(settings: GatewaySettings, frontend: GatewayFrontend) -> FastAPI:
     @app.post("/v1/messages", openapi_extra=anthropic_api.body_doc(), responses=anthropic_api.responses())
     async def messages(request: Request) -> Response:
         return await anthropic_api.create_message(request, frontend)
+
+    openai_responses.register(app, settings, frontend)
 
     @app.get("/v1/models", responses={200: {"model": ModelList}, **error_responses(401, 500, 503)})
     async def list_models(request: Request) -> Response:

@@ -16,7 +16,7 @@ from clairvoyant.core.structured import OutputConstraint, ToolCall, ToolChoice, 
 from clairvoyant.core.wire import constraint_to_proto
 
 # The value of CompletionRecord.endpoint, and the label on the gateway's metrics.
-Endpoint = Literal["chat.completions", "completions", "messages", "grpc"]
+Endpoint = Literal["chat.completions", "completions", "messages", "responses", "grpc"]
 
 
 @dataclass(frozen=True)
