@@ -29,7 +29,7 @@ META = {"workflow_type_id": "errors", "workflow_id": "wf-refused", "agent_id": "
         ({"model": MODEL, "messages": [{"role": "user", "content": "x"}],
           "app_metadata": {"workflow_type_id": "t", "workflow_id": "bad id", "agent_id": "a"}}, 400, None),
         ({"model": MODEL, "messages": []}, 400, None),
-        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}, 400, None),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 9}, 400, None),
     ],
 )
 def test_refused_requests_publish_nothing(stack: Stack, body: dict[str, object], status: int, code: str | None) -> None:

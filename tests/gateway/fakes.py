@@ -124,33 +124,36 @@ class FakeWorker(worker_pb2_grpc.WorkerServicer):
         prompt_tokens = len(text.split())
         limit = request.sampling.max_tokens if request.sampling.HasField("max_tokens") else len(self.tokens)
         out = self.tokens[:limit]
+        choices = max(1, request.sampling.n)  # n > 1: each piece once per choice, choices interleaved
         try:
             for i, piece in enumerate(out):
                 if i == self.fail_after:
                     await abort(context, Unavailable("worker lost its device"))
                 if self.delay_s:
                     await asyncio.sleep(self.delay_s)
-                reply = worker_pb2.GenerateResponse(
-                    request_id=request.request_id, text=piece, token_ids=[100 + i]
-                )
-                if i == 0:
-                    reply.prompt_tokens = prompt_tokens
-                if i == len(out) - 1:
-                    reply.finish_reason = "length" if len(out) < len(self.tokens) else "stop"
-                    if self.stop_sequence is not None and reply.finish_reason == "stop":
-                        reply.stop_sequence = self.stop_sequence
-                    reply.usage.CopyFrom(
-                        common_pb2.Usage(
-                            prompt_tokens=prompt_tokens,
-                            completion_tokens=len(out),
-                            total_tokens=prompt_tokens + len(out),
-                            cached_tokens=prompt_tokens // 2,
-                        )
+                for index in range(choices):
+                    reply = worker_pb2.GenerateResponse(
+                        request_id=request.request_id, text=piece, token_ids=[100 + i], index=index
                     )
-                    prompt_hashes, response_hashes = fake_block_hashes(request, len(out))
-                    reply.prompt_block_hashes.extend(prompt_hashes)
-                    reply.response_block_hashes.extend(response_hashes)
-                yield reply
+                    if i == 0 and index == 0:
+                        reply.prompt_tokens = prompt_tokens
+                    if i == len(out) - 1:
+                        reply.finish_reason = "length" if len(out) < len(self.tokens) else "stop"
+                        if self.stop_sequence is not None and reply.finish_reason == "stop":
+                            reply.stop_sequence = self.stop_sequence
+                    if i == len(out) - 1 and index == choices - 1:  # the whole request's totals, once
+                        reply.usage.CopyFrom(
+                            common_pb2.Usage(
+                                prompt_tokens=prompt_tokens,
+                                completion_tokens=choices * len(out),
+                                total_tokens=prompt_tokens + choices * len(out),
+                                cached_tokens=prompt_tokens // 2,
+                            )
+                        )
+                        prompt_hashes, response_hashes = fake_block_hashes(request, len(out))
+                        reply.prompt_block_hashes.extend(prompt_hashes)
+                        reply.response_block_hashes.extend(response_hashes)
+                    yield reply
             self.finished += 1
         except asyncio.CancelledError:
             self.cancelled.set()

@@ -382,39 +382,6 @@ async def test_x_api_key_and_bearer_authenticate(make_stack: StackFactory, tmp_p
 
 
 @pytest.mark.integration
-async def test_tools_are_refused_naming_the_parameter(stack: Stack) -> None:
-    tool = {"name": "get_weather", "input_schema": {"type": "object", "properties": {}}}
-    with pytest.raises(anthropic.BadRequestError) as caught:
-        await client(stack).messages.create(model=MODEL, max_tokens=8, messages=USER, tools=[tool])
-    assert (caught.value.status_code, error_of(caught.value)) == (
-        400,
-        (
-            "invalid_request_error",
-            "unsupported parameter: 'tools' is not supported here; leave it unset or send []",
-        ),
-    )
-
-    base = {"model": MODEL, "max_tokens": 8, "messages": USER}
-    message = refusal(
-        await post(stack, {**base, "tool_choice": {"type": "any"}}), 400, "invalid_request_error"
-    )
-    assert "'tool_choice' is not supported" in message
-    # Values that ask for nothing pass.
-    neutral = {**base, "tools": [], "tool_choice": {"type": "auto"}, "thinking": {"type": "disabled"}}
-    assert (await post(stack, neutral)).status_code == 200
-
-    used = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}
-    result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"}
-    turns = [USER[0], {"role": "assistant", "content": [used]}, {"role": "user", "content": [result]}]
-    message = refusal(await post(stack, {**base, "messages": turns}), 400, "invalid_request_error")
-    assert message == "messages[1].content[0] is a 'tool_use' block: tool calling is not supported here"
-    turns = [{"role": "user", "content": [{"type": "text", "text": "hi"}, result]}]
-    message = refusal(await post(stack, {**base, "messages": turns}), 400, "invalid_request_error")
-    assert message.startswith("messages[0].content[1] is a 'tool_result' block")
-    assert len(stack.scheduler.schedule_calls) == 1  # only the neutral request was scheduled
-
-
-@pytest.mark.integration
 @pytest.mark.parametrize(
     ("change", "expected"),
     [

@@ -73,7 +73,7 @@ def catalogue(model: str) -> list[Refusal]:
         Refusal("temperature 3", body(temperature=3), 400, bad, "invalid_value", "temperature"),
         Refusal("temperature a string", body(temperature="0.5"), 400, bad, "invalid_type", "temperature"),
         Refusal("top_p 0", body(top_p=0), 400, bad, "invalid_value", "top_p"),
-        Refusal("n 2", body(n=2), 400, bad, "invalid_value", "n"),
+        Refusal("n 9", body(n=9), 400, bad, "invalid_value", "n"),
         Refusal("max_tokens -1", body(max_tokens=-1), 400, bad, "invalid_value", "max_tokens"),
         Refusal("max_tokens over limit", body(max_tokens=40_000), 400, bad, "invalid_value", "max_tokens"),
         Refusal(

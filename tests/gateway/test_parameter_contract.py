@@ -22,6 +22,7 @@ from clairvoyant.core.openai_schema import (
     InputLimits,
     validate_body,
 )
+from clairvoyant.core.structured import OutputConstraint, ToolChoice, ToolSpec
 from clairvoyant.gateway.config import GatewaySettings
 from clairvoyant.gateway.openai_api import to_request
 from clairvoyant.gateway.request import Endpoint, GenerationRequest, Sampling
@@ -43,13 +44,15 @@ class Effect(NamedTuple):
     expected: object
 
 
+TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+STRUCTURAL_TAG = {"type": "structural_tag", "format": {"type": "const_string", "value": "ok"}}
 EFFECTS: dict[str, Effect] = {
     "model": Effect("other-model", lambda r: r.model, "other-model"),
     "messages": Effect([{"role": "user", "content": "bye"}], lambda r: r.input_text(), "bye"),
     "prompt": Effect("bye", lambda r: r.input_text(), "bye"),
     "max_tokens": Effect(7, lambda r: r.sampling.max_tokens, 7),
     "max_completion_tokens": Effect(9, lambda r: r.sampling.max_tokens, 9),
-    "n": Effect(1, lambda r: r.sampling, Sampling()),
+    "n": Effect(3, lambda r: r.sampling.n, 3),
     "seed": Effect(5, lambda r: r.sampling.seed, 5),
     "stop": Effect(["END"], lambda r: r.sampling.stop, ("END",)),
     "stream": Effect(True, lambda r: r.stream, True),
@@ -68,11 +71,35 @@ EFFECTS: dict[str, Effect] = {
     "logit_bias": Effect({"50256": -100, "7": 2.5}, lambda r: r.sampling.logit_bias, ((7, 2.5), (50256, -100.0))),
     "logprobs": Effect(True, lambda r: r.sampling.logprobs, 0),  # chat: a bool, no alternatives
     "top_logprobs": Effect(3, lambda r: r.sampling.logprobs, 3),  # with logprobs: true (BASE_ON)
+    "tools": Effect([TOOL], lambda r: r.tools, (ToolSpec("lookup", "", {"type": "object"}, False),)),
+    "tool_choice": Effect("required", lambda r: r.tool_choice, ToolChoice("required")),  # with tools
+    "parallel_tool_calls": Effect(False, lambda r: r.parallel_tool_calls, False),  # with tools
+    "response_format": Effect(
+        {"type": "json_object"}, lambda r: r.sampling.constraint, OutputConstraint("json_object")
+    ),
+    "guided_json": Effect(
+        {"type": "object"}, lambda r: r.sampling.constraint, OutputConstraint("json_schema", '{"type":"object"}')
+    ),
+    "guided_regex": Effect("a+", lambda r: r.sampling.constraint, OutputConstraint("regex", "a+")),
+    "guided_choice": Effect(
+        ["yes", "no"], lambda r: r.sampling.constraint, OutputConstraint("choice", '["yes", "no"]')
+    ),
+    "guided_grammar": Effect('root ::= "a"', lambda r: r.sampling.constraint, OutputConstraint("ebnf", 'root ::= "a"')),
+    "structural_tag": Effect(
+        STRUCTURAL_TAG, lambda r: r.sampling.constraint, OutputConstraint("structural_tag", json.dumps(STRUCTURAL_TAG))
+    ),
+    "structured_outputs": Effect({"regex": "b+"}, lambda r: r.sampling.constraint, OutputConstraint("regex", "b+")),
 }
 EFFECTS_ON: dict[tuple[Api, str], Effect] = {
     ("completions", "logprobs"): Effect(2, lambda r: r.sampling.logprobs, 2),  # a count there
 }
-BASE_ON: dict[tuple[Api, str], dict[str, Any]] = {("chat", "top_logprobs"): {"logprobs": True}}
+BASE_ON: dict[tuple[Api, str], dict[str, Any]] = {
+    ("chat", "top_logprobs"): {"logprobs": True},
+    ("chat", "tool_choice"): {"tools": [TOOL]},
+    ("chat", "parallel_tool_calls"): {"tools": [TOOL]},
+}
+# Through the gateway, whose fake worker answers one choice.
+HTTP_VALUES: dict[str, Any] = {"n": 1}
 IGNORED_SAMPLES: dict[str, Any] = {
     "user": "user-17",
     "safety_identifier": "hashed-user",
@@ -82,16 +109,11 @@ IGNORED_SAMPLES: dict[str, Any] = {
     "metadata": {"team": "search"},
     "prediction": {"type": "content", "content": "draft"},
     "service_tier": "flex",
-    "parallel_tool_calls": True,
 }
-TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
 # A value of each refused parameter that asks for what this API cannot do.
 ASKS: dict[str, Any] = {
-    "tools": [TOOL],
-    "tool_choice": "required",
     "functions": [TOOL["function"]],
     "function_call": {"name": "lookup"},
-    "response_format": {"type": "json_object"},
     "audio": {"voice": "alloy", "format": "wav"},
     "modalities": ["text", "audio"],
     "moderation": {"model": "omni-moderation-latest"},
@@ -104,7 +126,7 @@ ASKS: dict[str, Any] = {
     "suffix": "}",
 }
 ASKS_ON: dict[tuple[Api, str], Any] = {}
-UNKNOWN = ["temperatur", "foo", "guided_json", "frequency_penalties"]
+UNKNOWN = ["temperatur", "foo", "guided_jsn", "frequency_penalties"]
 
 
 def body(api: Api, **fields: Any) -> dict[str, Any]:
@@ -154,7 +176,7 @@ def test_a_supported_parameter_has_its_effect(api: Api, parameter: Parameter) ->
     bare = request(api, body(api, **base))
     given = request(api, body(api, **base, **{parameter.name: effect.value}))
     assert effect.read(given) == effect.expected
-    if parameter.name not in ("n", "stream_options"):
+    if parameter.name != "stream_options":
         assert effect.read(bare) != effect.expected  # the value did something
 
 
@@ -188,7 +210,7 @@ def test_neutral_values_compare_as_json() -> None:
     best_of = parameters("completions")["best_of"]
     assert best_of.asks_for_nothing(1) and best_of.asks_for_nothing(1.0)
     assert not best_of.asks_for_nothing(True)  # true is not 1 in JSON
-    assert not parameters("chat")["tools"].asks_for_nothing(0)
+    assert not parameters("chat")["functions"].asks_for_nothing(0)
 
 
 @pytest.mark.unit
@@ -223,10 +245,10 @@ def test_a_parameter_of_the_other_api_is_unknown(api: Api, name: str, value: Any
 
 @pytest.mark.unit
 def test_the_first_offending_field_is_named() -> None:
-    error = refusal("chat", body("chat", foo=1, tools=[TOOL]))
+    error = refusal("chat", body("chat", foo=1, functions=[TOOL["function"]]))
     assert (error.param, error.code) == ("foo", "unknown_parameter")
-    error = refusal("chat", body("chat", tools=[TOOL], foo=1), LENIENT)
-    assert (error.param, error.code) == ("tools", "unsupported_parameter")
+    error = refusal("chat", body("chat", functions=[TOOL["function"]], foo=1), LENIENT)
+    assert (error.param, error.code) == ("functions", "unsupported_parameter")
 
 
 @pytest.mark.unit
@@ -318,8 +340,8 @@ def http_cases() -> list[tuple[Api, dict[str, Any], str | None, str | None]]:
             elif p.status == "ignored":
                 accepted.append((api, {p.name: IGNORED_SAMPLES[p.name]}, None, None))
             elif p.name != "model":  # the fake scheduler serves MODEL only
-                effect = EFFECTS_ON.get((api, p.name), EFFECTS[p.name])
-                accepted.append((api, {**BASE_ON.get((api, p.name), {}), p.name: effect.value}, None, None))
+                value = HTTP_VALUES.get(p.name, EFFECTS_ON.get((api, p.name), EFFECTS[p.name]).value)
+                accepted.append((api, {**BASE_ON.get((api, p.name), {}), p.name: value}, None, None))
     unknown = [(api, {name: 1}, "unknown_parameter", name) for api in BOTH for name in UNKNOWN]
     return accepted + refused + unknown
 
@@ -349,14 +371,14 @@ async def test_lenient_gateway_drops_unknown_fields_but_refuses_unsupported_ones
     stack = await make_stack(gateway_lenient_parameters=True)
     async with httpx.AsyncClient(base_url=stack.url, timeout=30) as http:
         for api in BOTH:
-            assert (await post(http, api, {"repetition_penalty": 1.1, "guided_json": {}})).status_code == 200
-        refused = await post(http, "chat", {"repetition_penalty": 1.1, "tools": [TOOL]})
+            assert (await post(http, api, {"repetition_penalty": 1.1, "guided_jsn": {}})).status_code == 200
+        refused = await post(http, "chat", {"repetition_penalty": 1.1, "functions": [TOOL["function"]]})
     assert refused.status_code == 400
     assert refused.json() == {
         "error": {
-            "message": "unsupported parameter: 'tools' is not supported here; leave it unset or send []",
+            "message": "unsupported parameter: 'functions' is not supported here; leave it unset or send []",
             "type": "invalid_request_error",
-            "param": "tools",
+            "param": "functions",
             "code": "unsupported_parameter",
         }
     }
@@ -385,10 +407,12 @@ async def test_the_openai_client_sees_the_contract(stack: Stack) -> None:
     )
     assert answer.choices[0].message.content == "Hello,"
     for kwargs, param, code in (
-        ({"tools": [TOOL]}, "tools", "unsupported_parameter"),
-        ({"response_format": {"type": "json_object"}}, "response_format", "unsupported_parameter"),
+        ({"functions": [TOOL["function"]]}, "functions", "unsupported_parameter"),
+        ({"tool_choice": "required"}, "tool_choice", "invalid_value"),  # without tools
+        ({"n": 9}, "n", "invalid_value"),
         ({"top_logprobs": 2}, "top_logprobs", "invalid_value"),  # without logprobs: true
-        ({"extra_body": {"guided_choice": ["a", "b"]}}, "guided_choice", "unknown_parameter"),
+        ({"extra_body": {"guided_choice": []}}, "guided_choice", "invalid_value"),
+        ({"extra_body": {"guided_jsn": {}}}, "guided_jsn", "unknown_parameter"),
     ):
         with pytest.raises(openai.BadRequestError) as caught:
             await client.chat.completions.create(
@@ -407,3 +431,21 @@ def test_the_lenient_setting_reaches_the_input_limits(monkeypatch: pytest.Monkey
     assert GatewaySettings.from_env().input_limits().lenient_parameters is False
     monkeypatch.setenv("CV_GATEWAY_LENIENT_PARAMETERS", "true")
     assert GatewaySettings.from_env().input_limits() == InputLimits(lenient_parameters=True)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("fields", "asked"),
+    [
+        ({}, []),
+        ({"n": 1, "tools": [TOOL], "tool_choice": "none", "response_format": {"type": "text"}}, []),
+        ({"n": 2}, ["n"]),
+        ({"tools": [TOOL]}, ["tools"]),
+        ({"tools": [TOOL], "tool_choice": "none", "guided_regex": "a"}, ["guided_regex"]),
+        ({"n": 3, "structured_outputs": {"choice": ["a"]}}, ["n", "structured_outputs"]),
+        ({"response_format": {"type": "json_object"}}, ["response_format"]),
+    ],
+)
+def test_structured_params_name_what_plain_sampling_cannot_serve(fields: dict[str, Any], asked: list[str]) -> None:
+    """What an endpoint serving plain sampling only (a worker's own) must refuse."""
+    assert validate_body(body("chat", **fields), ChatCompletionBody).structured_params() == asked

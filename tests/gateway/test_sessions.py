@@ -11,7 +11,12 @@ from clairvoyant.core.app_metadata import AppMetadata
 from clairvoyant.core.errors import InvalidRequest
 from clairvoyant.core.openai_schema import ChatTurn
 from clairvoyant.gateway.config import GatewaySettings
-from clairvoyant.gateway.sessions import SessionTagging, agent_id_of, derive_app_metadata
+from clairvoyant.gateway.sessions import (
+    SessionTagging,
+    agent_id_of,
+    derive_app_metadata,
+    derive_conversation_metadata,
+)
 from tests.gateway.conftest import Stack, StackFactory
 from tests.gateway.fakes import MODEL
 
@@ -109,6 +114,25 @@ def test_settings_give_the_tagging() -> None:
     assert settings(gateway_session_headers="").session_tagging().headers == ()
     with pytest.raises(ValueError, match="gateway_session_workflow_type"):
         settings(gateway_session_workflow_type="has space")
+
+
+@pytest.mark.unit
+def test_a_stored_conversation_names_the_workflow_when_no_header_does() -> None:
+    chain = "resp_0123456789abcdef0123456789abcdef"
+    assert derive_conversation_metadata({}, chat(PLANNER), TAGGING, chain) == AppMetadata(
+        workflow_type_id="session", workflow_id=chain, agent_id=sys_agent(PLANNER)
+    )
+    typed = derive_conversation_metadata({"x-workflow-type-id": "coding"}, chat(None), TAGGING, chain)
+    assert typed == AppMetadata(workflow_type_id="coding", workflow_id=chain, agent_id="default")
+    # A session header wins over the conversation; no conversation and no header: untagged.
+    header = derive_conversation_metadata({"session-id": "s-1"}, chat(None), TAGGING, chain)
+    assert header is not None and header.workflow_id == "s-1"
+    assert derive_conversation_metadata({}, chat(PLANNER), TAGGING, None) is None
+    # Tagging off turns this off too.
+    assert derive_conversation_metadata({}, chat(PLANNER), SessionTagging(headers=()), chain) is None
+    with pytest.raises(InvalidRequest) as caught:
+        derive_conversation_metadata({"x-workflow-type-id": "bad type"}, chat(None), TAGGING, chain)
+    assert caught.value.param == "x-workflow-type-id"
 
 
 # ---- through the HTTP edge ----------------------------------------------------------------------

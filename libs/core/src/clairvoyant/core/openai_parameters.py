@@ -4,8 +4,10 @@ with each.  docs/openai-api.md writes the same table out; a test keeps the two e
 
 Contract of ``check_parameters``, per parameter status:
 
-- ``supported``: validated by the body's schema, and it has its effect (``n`` only as 1).
-- ``extension``: this project's own field (``app_metadata``, ``ignore_eos``, ...), not OpenAI's.
+- ``supported``: validated by the body's schema, and it has its effect.
+- ``extension``: a field outside OpenAI's reference: this project's own (``app_metadata``,
+  ``ignore_eos``, ...) or vLLM's and SGLang's that clients of those servers send (``guided_json``,
+  ``structured_outputs``, ``repetition_penalty``, ...).
 - ``ignored``: accepted and dropped, because dropping it changes nothing in the answer a client
   gets (the reason sits beside each entry).
 - ``refused``: InvalidRequest ``unsupported_parameter`` unless the value asks for nothing: null,
@@ -65,7 +67,7 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter("prompt", "supported", COMPLETIONS),
     Parameter("max_tokens", "supported", BOTH),
     Parameter("max_completion_tokens", "supported", CHAT),
-    Parameter("n", "supported", BOTH),  # only 1: the schema refuses others with invalid_value
+    Parameter("n", "supported", BOTH),  # 1 to MAX_CHOICES
     Parameter("seed", "supported", BOTH),
     Parameter("stop", "supported", BOTH),
     Parameter("stream", "supported", BOTH),
@@ -84,6 +86,17 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter("ignore_eos", "extension", BOTH),
     Parameter("min_tokens", "extension", BOTH),
     Parameter("repetition_penalty", "extension", BOTH),
+    # vLLM's and SGLang's constrained decoding; at most one constraint per request.
+    Parameter("guided_json", "extension", BOTH),
+    Parameter("guided_regex", "extension", BOTH),
+    Parameter("guided_choice", "extension", BOTH),
+    Parameter("guided_grammar", "extension", BOTH),
+    Parameter("structural_tag", "extension", BOTH),
+    Parameter("structured_outputs", "extension", BOTH),
+    Parameter("tools", "supported", CHAT),
+    Parameter("tool_choice", "supported", CHAT),
+    Parameter("parallel_tool_calls", "supported", CHAT),
+    Parameter("response_format", "supported", CHAT),
     # The tenant comes from the API key; OpenAI uses these for abuse detection and cache bucketing.
     Parameter("user", "ignored", BOTH),
     Parameter("safety_identifier", "ignored", CHAT),
@@ -97,13 +110,9 @@ PARAMETERS: tuple[Parameter, ...] = (
     Parameter("prediction", "ignored", CHAT),
     # There is one tier; the scheduler's policy orders requests, not the client.
     Parameter("service_tier", "ignored", CHAT),
-    # Tools are refused, so there is never a tool call to run in parallel.
-    Parameter("parallel_tool_calls", "ignored", CHAT),
-    Parameter("tools", "refused", CHAT, ([],)),
-    Parameter("tool_choice", "refused", CHAT, ("none", "auto")),  # "auto" with no tools calls none
+    # OpenAI deprecated these for tools and tool_choice (as vLLM, this API refuses them).
     Parameter("functions", "refused", CHAT, ([],)),
     Parameter("function_call", "refused", CHAT, ("none", "auto")),
-    Parameter("response_format", "refused", CHAT, ({"type": "text"},)),
     Parameter("audio", "refused", CHAT),
     Parameter("modalities", "refused", CHAT, (["text"],)),
     Parameter("moderation", "refused", CHAT),

@@ -8,10 +8,17 @@ or out of range is InvalidRequest naming the parameter ("messages[0].content"), 
 string past ``InputLimits`` or holding a lone surrogate.  ``app_metadata`` may sit at the
 top level (the OpenAI SDK merges ``extra_body`` there) or, for clients that nest it literally,
 under ``extra_body``.
+
+Contract of ``GenerationBody.structure``: what the body asks of the output beyond sampling --
+tools, a tool choice, one output constraint -- as ``core.structured`` values, or InvalidRequest
+naming the parameter (two constraints, a constraint beside tools the model may call, a tool
+choice naming no tool).  docs/openai-api.md lists the rules.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, NamedTuple, TypeVar
 
@@ -21,7 +28,7 @@ from clairvoyant.core.app_metadata import ID_PATTERN, OPTIONAL_IDS, REQUIRED
 from clairvoyant.core.errors import InvalidRequest
 from clairvoyant.core.json_input import check_strings, format_param
 from clairvoyant.core.openai_parameters import Api, check_parameters
-from clairvoyant.core.structured import ToolCall
+from clairvoyant.core.structured import OutputConstraint, ToolCall, ToolChoice, ToolSpec
 
 
 class InputLimits(NamedTuple):
@@ -34,6 +41,18 @@ class InputLimits(NamedTuple):
 
 
 DEFAULT_LIMITS = InputLimits()
+MAX_CHOICES = 8  # n: each choice holds a sequence's KV blocks on one worker (OpenAI allows 128)
+MAX_TOOLS = 128  # OpenAI's limit
+MAX_CALL_ID_CHARS = 256
+# OpenAI's rule for a function's name, and for a json_schema response format's name.
+NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+NAME_RULE = "1 to 64 characters from a-z A-Z 0-9 _ -"
+TOOL_CHOICE_MODES = ("auto", "none", "required")
+# vLLM's structured_outputs keys, and the constraint kind each asks for.
+STRUCTURED_OUTPUT_KINDS: dict[str, str] = {
+    "json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "ebnf",
+    "json_object": "json_object", "structural_tag": "structural_tag",
+}  # fmt: skip
 
 # The JSON schemas of body fields validated by hand (for a clean error location), for /openapi.json.
 _TEXT_PART = {
@@ -61,6 +80,51 @@ PROMPT_SCHEMA = WithJsonSchema(
             {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1},
         ]
     }
+)
+TOOL_CHOICE_SCHEMA = WithJsonSchema(
+    {
+        "anyOf": [
+            {"enum": list(TOOL_CHOICE_MODES)},
+            {
+                "type": "object",
+                "properties": {
+                    "type": {"const": "function"},
+                    "function": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+                },
+                "required": ["type", "function"],
+            },
+            {"type": "null"},
+        ]
+    }
+)
+RESPONSE_FORMAT_SCHEMA = WithJsonSchema(
+    {
+        "anyOf": [
+            {"type": "object", "properties": {"type": {"enum": ["text", "json_object"]}}, "required": ["type"]},
+            {
+                "type": "object",
+                "properties": {
+                    "type": {"const": "json_schema"},
+                    "json_schema": {
+                        "type": "object",
+                        "properties": {
+                            "name": {"type": "string", "pattern": NAME_PATTERN.pattern},
+                            "description": {"type": "string"},
+                            "schema": {"type": "object"},
+                            "strict": {"type": ["boolean", "null"]},
+                        },
+                        "required": ["name", "schema"],
+                    },
+                },
+                "required": ["type", "json_schema"],
+            },
+            {"type": "object", "properties": {"type": {"const": "structural_tag"}}, "required": ["type"]},
+            {"type": "null"},
+        ]
+    }
+)
+JSON_TEXT_OR_OBJECT_SCHEMA = WithJsonSchema(
+    {"anyOf": [{"type": "object"}, {"type": "string", "description": "the object as JSON text"}, {"type": "null"}]}
 )
 _ID = {"type": "string", "pattern": ID_PATTERN.pattern}
 APP_METADATA_SCHEMA = WithJsonSchema(
@@ -101,10 +165,62 @@ class StreamOptions(_Strict):
     include_usage: bool | None = None
 
 
+def _function_name(value: str) -> str:
+    if not NAME_PATTERN.match(value):
+        raise ValueError(f"must be {NAME_RULE}, got {value[:80]!r}")
+    return value
+
+
+class FunctionIn(_Strict):
+    """A tool's function (OpenAI's ``tools[].function``)."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema object; unset: any object
+    strict: bool | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return _function_name(value)
+
+
+class ToolIn(_Strict):
+    type: Literal["function"]  # OpenAI's custom tools (free text) are not served
+    function: FunctionIn
+
+    def spec(self) -> ToolSpec:
+        f = self.function
+        return ToolSpec(f.name, f.description or "", f.parameters, bool(f.strict))
+
+
+class FunctionCallIn(_Strict):
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return _function_name(value)
+
+
+class ToolCallIn(_Strict):
+    """A call in an earlier assistant turn (``messages[].tool_calls[]``)."""
+
+    id: str = Field(min_length=1, max_length=MAX_CALL_ID_CHARS)
+    type: Literal["function"]
+    function: FunctionCallIn
+
+    def call(self) -> ToolCall:
+        return ToolCall(self.id, self.function.name, self.function.arguments)
+
+
 class ChatMessageIn(_Strict):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: Annotated[Any, CONTENT_SCHEMA] = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None  # an assistant turn's
+    tool_call_id: str | None = Field(default=None, min_length=1, max_length=MAX_CALL_ID_CHARS)  # a tool turn's
 
     @field_validator("content")
     @classmethod
@@ -135,7 +251,7 @@ class GenerationBody(_Strict):
     top_p: float | None = Field(default=None, gt=0, le=1)
     stop: Annotated[Any, STOP_SCHEMA] = None  # a string or a list of them (checked below)
     seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)  # an int64 on the wire
-    n: int | None = None
+    n: int | None = Field(default=None, ge=1, le=MAX_CHOICES)
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = None
@@ -147,6 +263,26 @@ class GenerationBody(_Strict):
     user: str | None = None  # accepted and ignored: the tenant comes from the API key
     app_metadata: Annotated[Any, APP_METADATA_SCHEMA] = None  # validated by parse_app_metadata
     echo_annotations: bool | None = None
+    # vLLM's and SGLang's constrained decoding (at most one constraint; see ``structure``).
+    guided_json: Annotated[Any, JSON_TEXT_OR_OBJECT_SCHEMA] = None
+    guided_regex: str | None = Field(default=None, min_length=1)
+    guided_choice: list[Annotated[str, Field(min_length=1)]] | None = Field(default=None, min_length=1)
+    guided_grammar: str | None = Field(default=None, min_length=1)
+    structural_tag: Annotated[Any, JSON_TEXT_OR_OBJECT_SCHEMA] = None
+    structured_outputs: dict[str, Any] | None = None
+
+    @field_validator("guided_json", "structural_tag")
+    @classmethod
+    def _json_object(cls, value: Any) -> dict[str, Any] | None:
+        """An object, or its JSON text (vLLM takes both)."""
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise ValueError("must be a JSON object or its JSON text") from None
+        if value is not None and not isinstance(value, dict):
+            raise ValueError("must be a JSON object or its JSON text")
+        return value
 
     @field_validator("stop")
     @classmethod
@@ -170,12 +306,36 @@ class GenerationBody(_Strict):
         """``logit_bias`` as (token id, bias) pairs, in token order."""
         return tuple(sorted((int(key), float(bias)) for key, bias in (self.logit_bias or {}).items()))
 
-    @field_validator("n")
-    @classmethod
-    def _n(cls, value: int | None) -> int | None:
-        if value not in (None, 1):
-            raise ValueError("only n=1 is supported")
-        return value
+    def choices(self) -> int:
+        return self.n or 1
+
+    def constraints(self) -> list[tuple[str, OutputConstraint]]:
+        """(parameter, constraint) for every constraint the body asks for, in the order a conflict
+        between two of them is reported (the second one named)."""
+        found: list[tuple[str, OutputConstraint]] = []
+        if self.guided_json is not None:
+            found.append(("guided_json", OutputConstraint.of_schema(self.guided_json)))
+        if self.guided_regex is not None:
+            found.append(("guided_regex", OutputConstraint("regex", self.guided_regex)))
+        if self.guided_choice is not None:
+            found.append(("guided_choice", OutputConstraint("choice", json.dumps(self.guided_choice))))
+        if self.guided_grammar is not None:
+            found.append(("guided_grammar", OutputConstraint("ebnf", self.guided_grammar)))
+        if self.structural_tag is not None:
+            found.append(("structural_tag", OutputConstraint("structural_tag", json.dumps(self.structural_tag))))
+        if self.structured_outputs is not None:
+            found += _structured_outputs(self.structured_outputs)
+        return found
+
+    def structure(self) -> Structure:
+        """What the body asks of the output's shape; InvalidRequest for two constraints at once."""
+        return Structure(constraint=_one_constraint(self.constraints()))
+
+    def structured_params(self) -> list[str]:
+        """The parameters set that ask for more than plain sampling (several choices, tools, an output
+        constraint), for an endpoint that serves plain sampling only (a worker's own) to refuse."""
+        asked = ["n"] if self.choices() > 1 else []
+        return asked + [name.partition(".")[0] for name, _ in self.constraints()]
 
     def requested_max_tokens(self) -> tuple[int | None, str]:
         return self.max_tokens, "max_tokens"
@@ -213,6 +373,102 @@ class ChatCompletionBody(GenerationBody):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[ToolIn] | None = None
+    tool_choice: Annotated[Any, TOOL_CHOICE_SCHEMA] = None
+    parallel_tool_calls: bool | None = None
+    response_format: Annotated[Any, RESPONSE_FORMAT_SCHEMA] = None
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, value: list[ToolIn] | None) -> list[ToolIn] | None:
+        names = [tool.function.name for tool in value or ()]
+        if len(names) > MAX_TOOLS:
+            raise ValueError(f"at most {MAX_TOOLS} tools are allowed, got {len(names)}")
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"function names must be unique; repeated: {twice}")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, value: Any) -> ToolChoice | None:
+        """OpenAI's forms: "auto" | "none" | "required" | {"type": "function", "function": {"name"}}."""
+        if value is None:
+            return None
+        if isinstance(value, str) and value in TOOL_CHOICE_MODES:
+            return ToolChoice(value)  # type: ignore[arg-type]  # one of the literal modes
+        function = value.get("function") if isinstance(value, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(value, dict) or value.get("type") != "function" or not isinstance(name, str):
+            raise ValueError(
+                'must be "auto", "none", "required" or {"type": "function", "function": {"name": <a tool\'s name>}}'
+            )
+        return ToolChoice("function", name)
+
+    @field_validator("response_format")
+    @classmethod
+    def _response_format(cls, value: Any) -> OutputConstraint | None:
+        """OpenAI's text, json_object and json_schema; SGLang's and vLLM's structural_tag."""
+        if value is None:
+            return None
+        kind = value.get("type") if isinstance(value, dict) else None
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return OutputConstraint("json_object")
+        if kind == "structural_tag":
+            return OutputConstraint("structural_tag", json.dumps(value))
+        if kind != "json_schema":
+            raise ValueError('type must be "text", "json_object", "json_schema" or "structural_tag"')
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict):
+            raise ValueError('a "json_schema" format needs json_schema: {"name": ..., "schema": {...}}')
+        if not isinstance(spec.get("name"), str) or not NAME_PATTERN.match(spec["name"]):
+            raise ValueError(f"json_schema.name is required: {NAME_RULE}")
+        if not isinstance(spec.get("schema"), dict):
+            raise ValueError("json_schema.schema is required: a JSON Schema object")
+        for key, kinds in (("strict", (bool, type(None))), ("description", (str, type(None)))):
+            if not isinstance(spec.get(key), kinds):
+                raise ValueError(f"json_schema.{key} must be a {'boolean' if key == 'strict' else 'string'}")
+        return OutputConstraint.of_schema(spec["schema"])
+
+    def constraints(self) -> list[tuple[str, OutputConstraint]]:
+        own = [("response_format", self.response_format)] if self.response_format is not None else []
+        return own + super().constraints()
+
+    def structured_params(self) -> list[str]:
+        callable_tools = self.tools and (self.tool_choice is None or self.tool_choice.mode != "none")
+        return (["tools"] if callable_tools else []) + super().structured_params()
+
+    def structure(self) -> Structure:
+        """Tools, the tool choice and the constraint.  InvalidRequest for a tool choice that names no
+        tool (or asks for a call with no tools), and for a constraint beside tools the model may call:
+        a call's arguments follow the tool's schema, not the response's."""
+        constraint = _one_constraint(self.constraints())
+        tools = tuple(tool.spec() for tool in self.tools or ())
+        choice: ToolChoice | None = self.tool_choice
+        if choice is not None and choice.mode in ("required", "function") and not tools:
+            raise InvalidRequest(
+                f"tool_choice {choice.mode!r} needs tools", param="tool_choice", code="invalid_value"
+            )
+        if choice is not None and choice.mode == "function" and choice.name not in {t.name for t in tools}:
+            raise InvalidRequest(
+                f"tool_choice names {choice.name!r}, which is not one of the tools",
+                param="tool_choice",
+                code="invalid_value",
+            )
+        if not tools:
+            return Structure(constraint=constraint)
+        if constraint is not None and (choice is None or choice.mode != "none"):
+            param = next(name for name, _ in self.constraints())
+            raise InvalidRequest(
+                f"{param} cannot be combined with tools the model may call; set tool_choice to \"none\" "
+                "or leave one of them out",
+                param=param,
+                code="invalid_value",
+            )
+        parallel = True if self.parallel_tool_calls is None else self.parallel_tool_calls
+        return Structure(constraint, tools, choice, parallel)
 
     def requested_logprobs(self) -> int | None:
         """The top alternatives per token when log probabilities are asked for, else None."""
@@ -227,14 +483,34 @@ class ChatCompletionBody(GenerationBody):
         return self.max_tokens, "max_tokens"
 
     def turns(self) -> tuple[ChatTurn, ...]:
-        """The messages as chat turns.  InvalidRequest for a missing content (but an assistant's)."""
+        """The messages as chat turns.  InvalidRequest for a missing content (but an assistant's),
+        a tool turn without ``tool_call_id``, and call fields on a turn of another role."""
         turns = []
         for i, m in enumerate(self.messages):
             if m.content is None and m.role != "assistant":  # an assistant turn with tool calls has none
                 param = f"messages[{i}].content"
                 raise InvalidRequest(f"{param} is required", param=param, code="missing_required_parameter")
-            # Chat templates know "system"; "developer" is OpenAI's newer name for it.
-            turns.append(ChatTurn("system" if m.role == "developer" else m.role, m.content or "", m.name))
+            if m.role == "tool" and m.tool_call_id is None:
+                param = f"messages[{i}].tool_call_id"
+                raise InvalidRequest(
+                    f"{param} is required: a tool message answers a call", param=param, code="missing_required_parameter"
+                )
+            if m.tool_calls and m.role != "assistant":
+                param = f"messages[{i}].tool_calls"
+                raise InvalidRequest(f"{param}: only assistant messages make calls", param=param, code="invalid_value")
+            if m.tool_call_id is not None and m.role != "tool":
+                param = f"messages[{i}].tool_call_id"
+                raise InvalidRequest(f"{param}: only tool messages answer calls", param=param, code="invalid_value")
+            turns.append(
+                ChatTurn(
+                    # Chat templates know "system"; "developer" is OpenAI's newer name for it.
+                    "system" if m.role == "developer" else m.role,
+                    m.content or "",
+                    m.name,
+                    tuple(call.call() for call in m.tool_calls or ()),
+                    m.tool_call_id,
+                )
+            )
         return tuple(turns)
 
 
@@ -256,6 +532,67 @@ class CompletionBody(GenerationBody):
         if not value:
             raise ValueError("must not be empty")
         return value
+
+
+class Structure(NamedTuple):
+    """What a body asks of the output's shape (``GenerationBody.structure``)."""
+
+    constraint: OutputConstraint | None = None
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: ToolChoice | None = None  # None: "auto" when there are tools
+    parallel_tool_calls: bool = True
+
+
+def _one_constraint(found: list[tuple[str, OutputConstraint]]) -> OutputConstraint | None:
+    if len(found) > 1:
+        (first, _), (second, _) = found[:2]
+        raise InvalidRequest(
+            f"{second} cannot be combined with {first}: at most one output constraint per request",
+            param=second,
+            code="invalid_value",
+        )
+    return found[0][1] if found else None
+
+
+def _structured_outputs(raw: dict[str, Any]) -> list[tuple[str, OutputConstraint]]:
+    """vLLM's ``structured_outputs`` object: one of its keys ``json``, ``regex``, ``choice``,
+    ``grammar``, ``json_object``, ``structural_tag`` (null or false ones count as unset)."""
+    found = []
+    for key, value in raw.items():
+        param = f"structured_outputs.{key}"
+        kind = STRUCTURED_OUTPUT_KINDS.get(key)
+        if kind is None:
+            if value is None or value is False:
+                continue
+            known = ", ".join(STRUCTURED_OUTPUT_KINDS)
+            raise InvalidRequest(f"{param} is not supported; known: {known}", param=param, code="unsupported_parameter")
+        if value is None or (kind == "json_object" and value is False):
+            continue
+        found.append((param, _structured_output(kind, value, param)))
+    return found
+
+
+def _structured_output(kind: str, value: Any, param: str) -> OutputConstraint:
+    if kind == "json_object":
+        if value is not True:
+            raise InvalidRequest(f"{param} must be a boolean", param=param, code="invalid_type")
+        return OutputConstraint("json_object")
+    if kind in ("json_schema", "structural_tag"):
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                value = None
+        if not isinstance(value, dict):
+            raise InvalidRequest(f"{param} must be a JSON object or its JSON text", param=param, code="invalid_type")
+        return OutputConstraint(kind, json.dumps(value, separators=(",", ":")))  # type: ignore[arg-type]
+    if kind == "choice":
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
+            raise InvalidRequest(f"{param} must be a non-empty list of non-empty strings", param=param, code="invalid_type")
+        return OutputConstraint("choice", json.dumps(value))
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest(f"{param} must be a non-empty string", param=param, code="invalid_type")
+    return OutputConstraint(kind, value)  # type: ignore[arg-type]  # regex or ebnf
 
 
 Body = TypeVar("Body", bound=GenerationBody)
@@ -328,9 +665,25 @@ class UsageOut(BaseModel):
         )
 
 
+class FunctionOut(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionOut
+
+    @classmethod
+    def of(cls, call: ToolCall) -> ToolCallOut:
+        return cls(id=call.id, function=FunctionOut(name=call.name, arguments=call.arguments))
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None  # null when the answer is only tool calls
+    tool_calls: list[ToolCallOut] | None = Field(default=None, exclude_if=_unset)
 
 
 class TopLogprobOut(BaseModel):
@@ -372,9 +725,25 @@ class ChatCompletionOut(BaseModel):
     annotations: dict[str, Any] | None = Field(default=None, exclude_if=_unset)  # only when echo_annotations
 
 
+class FunctionDeltaOut(BaseModel):
+    name: str | None = Field(default=None, exclude_if=_unset)  # on the call's first piece
+    arguments: str = ""  # a fragment of the arguments' JSON text
+
+
+class ToolCallDeltaOut(BaseModel):
+    """A streamed piece of a call: the first carries ``id``, ``type`` and the name, later ones
+    append to the arguments of the call at ``index``."""
+
+    index: int
+    id: str | None = Field(default=None, exclude_if=_unset)
+    type: Literal["function"] | None = Field(default=None, exclude_if=_unset)
+    function: FunctionDeltaOut
+
+
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = Field(default=None, exclude_if=_unset)
     content: str | None = Field(default=None, exclude_if=_unset)
+    tool_calls: list[ToolCallDeltaOut] | None = Field(default=None, exclude_if=_unset)
 
 
 class ChatChunkChoice(BaseModel):

@@ -1,11 +1,15 @@
-"""Anthropic's Messages API (``POST /v1/messages``) on the gateway, text only.
+"""Anthropic's Messages API (``POST /v1/messages``) on the gateway: text and client tools.
 
 The body is held to ``PARAMETERS`` as the OpenAI edge holds its bodies to ``openai_parameters``:
-a refused parameter (``tools``, ``top_k``, ...) is a 400 naming it unless its value asks for
-nothing, an unknown one is a 400 unless ``CV_GATEWAY_LENIENT_PARAMETERS``.  Content is text
-blocks only: a ``tool_use`` or ``tool_result`` block is a 400 naming where it sits.  Every refusal
-and failure leaves in Anthropic's error shape (``{"type": "error", "error": {"type", "message"}}``),
-in the body, or as an ``error`` event once a stream has begun.  docs/openai-api.md has the table.
+a refused parameter (``top_k``, ``thinking``, ...) is a 400 naming it unless its value asks for
+nothing, an unknown one is a 400 unless ``CV_GATEWAY_LENIENT_PARAMETERS``.  Tools follow
+Anthropic's API reference: client tools only (a server tool is a 400 naming it), ``tool_use``
+blocks in assistant messages, ``tool_result`` blocks in user messages, paired as Anthropic pairs
+them; an answer's calls come back as ``tool_use`` blocks, streamed as ``input_json_delta``s.
+Content blocks other than text, tool_use and tool_result (images, documents, thinking) are a 400.
+Every refusal and failure leaves in Anthropic's error shape (``{"type": "error", "error": {"type",
+"message"}}``), in the body, or as an ``error`` event once a stream has begun.
+docs/anthropic-api.md has the table.
 """
 
 from __future__ import annotations
@@ -14,9 +18,10 @@ import dataclasses
 import json
 import logging
 import math
+import re
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, Generic, Literal, NamedTuple, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -28,9 +33,17 @@ from clairvoyant.core.errors import ClairvoyantError, InvalidRequest
 from clairvoyant.core.json_input import check_strings, decode_json
 from clairvoyant.core.openai_parameters import Status, asks_for_nothing, check_fields
 from clairvoyant.core.openai_schema import APP_METADATA_SCHEMA, ChatTurn, InputLimits, invalid_request
+from clairvoyant.core.structured import (
+    ToolCall,
+    ToolChoice,
+    ToolChoiceMode,
+    ToolSpec,
+    new_call_id,
+    tool_of_last_result,
+)
 from clairvoyant.core.telemetry import extract_context
 from clairvoyant.gateway.frontend import GatewayFrontend
-from clairvoyant.gateway.generation import Generation
+from clairvoyant.gateway.generation import Generation, Piece
 from clairvoyant.gateway.http_common import CLIENT_CLOSED, SSE_HEADERS, read_json, until_disconnected
 from clairvoyant.gateway.openapi_doc import ERRORS, Responses
 from clairvoyant.gateway.ratelimit import RateLimited
@@ -42,9 +55,10 @@ logger = logging.getLogger(__name__)
 # CompletionRecord.endpoint and the metrics label of these calls (the worker serves them as chats).
 ENDPOINT: Endpoint = "messages"
 BLOCK_SEPARATOR = "\n"  # between the text blocks of one turn, and between merged turns
-TOOL_BLOCKS = ("tool_use", "tool_result")
+T = TypeVar("T")
 
 # ---- parameters ---------------------------------------------------------------------------------
+
 
 class MessagesParameter(NamedTuple):
     name: str
@@ -72,9 +86,9 @@ PARAMETERS: tuple[MessagesParameter, ...] = (
     MessagesParameter("speed", "ignored"),
     # A caching hint: the prefix cache keys on the prompt and the workflow, whatever it says.
     MessagesParameter("cache_control", "ignored"),
+    MessagesParameter("tools", "supported"),  # client tools; server tools are refused by name
+    MessagesParameter("tool_choice", "supported"),
     MessagesParameter("top_k", "refused"),  # the engine samples with temperature and top_p only
-    MessagesParameter("tools", "refused", ([],)),
-    MessagesParameter("tool_choice", "refused", ({"type": "none"}, {"type": "auto"})),
     # Asked-for thinking promises thinking blocks, which the engine never produces.
     MessagesParameter("thinking", "refused", ({"type": "disabled"},)),
     MessagesParameter("output_config", "refused", ({},)),
@@ -92,12 +106,45 @@ def check_parameters(body: Mapping[str, object], *, lenient: bool) -> None:
 
 # ---- the request --------------------------------------------------------------------------------
 
+# Anthropic's rules: a tool's name, and a tool_use block's id.
+TOOL_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,128}$"
+TOOL_USE_ID = re.compile(r"^[a-zA-Z0-9_-]{1,256}$")
+CLIENT_TOOL_TYPES = (None, "custom")  # any other ``type`` names one of Anthropic's server tools
+ERROR_PREFIX = "Error: "  # a tool_result with is_error, as the model reads it
+
 _TEXT_BLOCK = {
     "type": "object",
     "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
     "required": ["type", "text"],
 }
-CONTENT_SCHEMA = WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_BLOCK}]})
+_TOOL_USE_BLOCK = {
+    "type": "object",
+    "properties": {
+        "type": {"const": "tool_use"},
+        "id": {"type": "string", "pattern": TOOL_USE_ID.pattern},
+        "name": {"type": "string", "pattern": TOOL_NAME_PATTERN},
+        "input": {"type": "object"},
+    },
+    "required": ["type", "id", "name", "input"],
+}
+_TOOL_RESULT_BLOCK = {
+    "type": "object",
+    "properties": {
+        "type": {"const": "tool_result"},
+        "tool_use_id": {"type": "string"},
+        "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_BLOCK}]},
+        "is_error": {"type": "boolean"},
+    },
+    "required": ["type", "tool_use_id"],
+}
+CONTENT_SCHEMA = WithJsonSchema(
+    {
+        "anyOf": [
+            {"type": "string"},
+            {"type": "array", "items": {"anyOf": [_TEXT_BLOCK, _TOOL_USE_BLOCK, _TOOL_RESULT_BLOCK]}},
+        ]
+    }
+)
 SYSTEM_SCHEMA = WithJsonSchema(
     {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_BLOCK}, {"type": "null"}]}
 )
@@ -110,12 +157,57 @@ class _Strict(BaseModel):
 
 class MessageIn(_Strict):
     role: Literal["user", "assistant", "system"]  # a system message mid-conversation, as the SDK types allow
-    content: Annotated[Any, CONTENT_SCHEMA] = Field()  # a string or text blocks (``text_of``)
+    content: Annotated[Any, CONTENT_SCHEMA] = Field()  # a string or blocks (``parse_message``)
 
 
 class MetadataIn(_Strict):
     model_config = ConfigDict(extra="forbid")
     user_id: str | None = None
+
+
+class ToolIn(_Strict):
+    """A client tool.  Server tools (a ``type`` other than "custom") are refused before this model
+    sees them; ``cache_control``, ``input_examples`` and ``eager_input_streaming`` are dropped
+    (arguments always stream as they are generated)."""
+
+    name: str = Field(pattern=TOOL_NAME_PATTERN)
+    description: str | None = None
+    input_schema: dict[str, Any]
+    strict: bool | None = None
+    defer_loading: bool | None = None  # true needs Anthropic's tool search: refused
+    allowed_callers: list[str] | None = None  # anything but ["direct"] needs code execution: refused
+
+    @field_validator("input_schema")
+    @classmethod
+    def _object_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if value.get("type") != "object":
+            raise ValueError('must be a JSON Schema of an object ({"type": "object", ...})')
+        return value
+
+    def spec(self) -> ToolSpec:
+        return ToolSpec(
+            name=self.name,
+            description=self.description or "",
+            parameters=self.input_schema,
+            strict=bool(self.strict),
+        )
+
+
+_CHOICE_MODES: dict[str, ToolChoiceMode] = {
+    "auto": "auto",
+    "any": "required",
+    "tool": "function",
+    "none": "none",
+}
+
+
+class ToolChoiceIn(_Strict):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None  # type "tool" only
+    disable_parallel_tool_use: bool | None = None
+
+    def choice(self) -> ToolChoice:
+        return ToolChoice(_CHOICE_MODES[self.type], self.name or "" if self.type == "tool" else "")
 
 
 class MessagesBody(_Strict):
@@ -128,6 +220,8 @@ class MessagesBody(_Strict):
     temperature: float | None = Field(default=None, ge=0, le=1)
     top_p: float | None = Field(default=None, gt=0, le=1)
     metadata: MetadataIn | None = None
+    tools: list[ToolIn] | None = None
+    tool_choice: ToolChoiceIn | None = None
     app_metadata: Annotated[Any, APP_METADATA_SCHEMA] = None  # validated by parse_app_metadata
 
     @field_validator("stop_sequences")
@@ -138,28 +232,222 @@ class MessagesBody(_Strict):
         return value
 
     def turns(self) -> tuple[ChatTurn, ...]:
-        """The system prompt (when not empty) and the messages as chat turns.  Consecutive turns of
-        one role merge into one, as Anthropic's API combines them.  InvalidRequest for a block that
-        is not text, and for a final assistant turn: Anthropic continues it (prefill), while the
-        worker's chat template would start a new turn after it."""
-        turns: list[ChatTurn] = []
+        """The system prompt (when not empty) and the messages as chat turns (``chat_turns``)."""
+        parsed = [parse_message(message, f"messages[{i}]") for i, message in enumerate(self.messages)]
         system = text_of(self.system, "system") if self.system is not None else ""
         if system:
-            turns.append(ChatTurn("system", system))
-        for i, message in enumerate(self.messages):
-            text = text_of(message.content, f"messages[{i}].content")
-            if turns and turns[-1].role == message.role:
-                turns[-1] = ChatTurn(message.role, turns[-1].content + BLOCK_SEPARATOR + text)
-            else:
-                turns.append(ChatTurn(message.role, text))
-        if turns[-1].role == "assistant":
-            param = f"messages[{len(self.messages) - 1}]"
+            parsed.insert(0, ParsedMessage("system", "system", system))
+        return chat_turns(parsed)
+
+    def tool_specs(self) -> tuple[ToolSpec, ...]:
+        """The tools; InvalidRequest for one that asks for a server-side feature, or a repeated name."""
+        names: set[str] = set()
+        for i, tool in enumerate(self.tools or ()):
+            param = f"tools[{i}]"
+            if tool.defer_loading:
+                raise _refused(f"{param}.defer_loading", "deferred tools need a server-side tool search")
+            if tool.allowed_callers not in (None, ["direct"]):
+                raise _refused(
+                    f"{param}.allowed_callers", 'only ["direct"]: there is no server-side code execution'
+                )
+            if tool.name in names:
+                raise InvalidRequest(
+                    f"{param}.name: tool names must be unique; {tool.name!r} is repeated",
+                    param=f"{param}.name",
+                    code="invalid_value",
+                )
+            names.add(tool.name)
+        return tuple(tool.spec() for tool in self.tools or ())
+
+    def choice(self, tools: Sequence[ToolSpec]) -> ToolChoice | None:
+        """The tool choice; InvalidRequest for "any" or "tool" without tools, and for a "tool" choice
+        that names no tool.  None (auto) when unset."""
+        chosen = self.tool_choice
+        if chosen is None:
+            return None
+        if chosen.type in ("any", "tool") and not tools:
             raise InvalidRequest(
-                f"{param}: a final assistant message (prefill) is not supported; end with a user message",
-                param=param,
-                code="unsupported_prefill",
+                f"tool_choice {{'type': {chosen.type!r}}} needs tools",
+                param="tool_choice",
+                code="invalid_value",
             )
-        return tuple(turns)
+        if chosen.type == "tool" and chosen.name not in {tool.name for tool in tools}:
+            raise InvalidRequest(
+                f"tool_choice.name: {chosen.name!r} names none of the tools",
+                param="tool_choice.name",
+                code="invalid_value",
+            )
+        return chosen.choice()
+
+
+def _refused(param: str, why: str) -> InvalidRequest:
+    return InvalidRequest(f"{param} is not supported here: {why}", param=param, code="unsupported_parameter")
+
+
+class Located(NamedTuple, Generic[T]):
+    value: T
+    param: str  # where the block sits, for errors
+
+
+class ParsedMessage(NamedTuple):
+    """One message's blocks, read but not yet paired with its neighbours."""
+
+    role: str
+    param: str  # messages[i]
+    text: str | None  # its text blocks joined; None when it held tool blocks only
+    calls: tuple[Located[ToolCall], ...] = ()  # assistant: its tool_use blocks
+    results: tuple[Located[ChatTurn], ...] = ()  # user: its tool_result blocks, as tool turns
+
+
+def parse_message(message: MessageIn, param: str) -> ParsedMessage:
+    """A message's blocks: text anywhere, tool_use in an assistant message, tool_result in a user
+    message before any text (as Anthropic requires).  InvalidRequest naming the first bad block."""
+    content = message.content
+    if not isinstance(content, list):
+        return ParsedMessage(message.role, param, text_of(content, f"{param}.content"))
+    allowed = {"user": "tool_result", "assistant": "tool_use"}.get(message.role)
+    texts: list[str] = []
+    calls: list[Located[ToolCall]] = []
+    results: list[Located[ChatTurn]] = []
+    for j, block in enumerate(content):
+        where = f"{param}.content[{j}]"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text" and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif kind == allowed == "tool_use":
+            calls.append(Located(tool_use(block, where), where))
+        elif kind == allowed == "tool_result":
+            if texts:
+                raise InvalidRequest(
+                    f"{where}: tool_result blocks must come before any text in a message",
+                    param=where,
+                    code="invalid_value",
+                )
+            results.append(Located(tool_result(block, where), where))
+        else:
+            kinds = " or ".join(repr(k) for k in ("text", allowed) if k)
+            raise InvalidRequest(
+                f"{where} must be a {kinds} block in {_article(message.role)} message; got {kind!r}",
+                param=where,
+                code="unsupported_content",
+            )
+    text = BLOCK_SEPARATOR.join(texts) if texts or not (calls or results) else None
+    return ParsedMessage(message.role, param, text, tuple(calls), tuple(results))
+
+
+def _article(role: str) -> str:
+    return f"an {role}" if role == "assistant" else f"a {role}"
+
+
+def tool_use(block: dict[str, Any], where: str) -> ToolCall:
+    """A tool_use block as a call; ``arguments`` is the JSON text of its ``input``."""
+    call_id, name, arguments = block.get("id"), block.get("name"), block.get("input")
+    if not isinstance(call_id, str) or not TOOL_USE_ID.match(call_id):
+        raise _bad(f"{where}.id", "must be a string of A-Z a-z 0-9 _ - (toolu_...)")
+    if not isinstance(name, str) or not re.match(TOOL_NAME_PATTERN, name):
+        raise _bad(f"{where}.name", "must be a tool name of 1 to 128 characters from A-Z a-z 0-9 _ -")
+    if not isinstance(arguments, dict):
+        raise _bad(f"{where}.input", "must be an object")
+    return ToolCall(call_id, name, json.dumps(arguments, ensure_ascii=False))
+
+
+def tool_result(block: dict[str, Any], where: str) -> ChatTurn:
+    """A tool_result block as a ``tool`` turn.  Chat templates have no error flag: an ``is_error``
+    result reaches the model with ``ERROR_PREFIX`` before its text."""
+    call_id, is_error = block.get("tool_use_id"), block.get("is_error")
+    if not isinstance(call_id, str) or not call_id:
+        raise _bad(f"{where}.tool_use_id", "must be the id of a tool_use block")
+    if is_error is not None and not isinstance(is_error, bool):
+        raise _bad(f"{where}.is_error", "must be a boolean")
+    content = block.get("content")
+    text = "" if content is None else text_of(content, f"{where}.content")
+    if is_error:
+        text = ERROR_PREFIX + text if text else ERROR_PREFIX.rstrip(": ")
+    return ChatTurn("tool", text, tool_call_id=call_id)
+
+
+def _bad(param: str, rule: str) -> InvalidRequest:
+    return InvalidRequest(f"{param} {rule}", param=param, code="invalid_value")
+
+
+def chat_turns(messages: Sequence[ParsedMessage]) -> tuple[ChatTurn, ...]:
+    """Parsed messages as chat turns.
+
+    Consecutive messages of one role merge (Anthropic's API combines them): their texts joined by
+    ``BLOCK_SEPARATOR``, their calls in order.  A user message's tool results become ``tool``
+    turns, ahead of its text (a ``user`` turn).  As Anthropic requires, the message after an
+    assistant message with tool_use blocks answers each of them with a tool_result, and a
+    tool_result answers a call of the assistant message right before it; a tool_use id is used
+    once.  InvalidRequest otherwise, and for a final assistant turn: Anthropic continues it
+    (prefill), while the worker's chat template would start a new turn after it."""
+    turns: list[ChatTurn] = []
+    used_ids: set[str] = set()
+    open_calls: dict[str, str] = {}  # the previous assistant group's calls: id -> tool name
+    open_param = ""
+    for group in _groups(messages):
+        role = group[0].role
+        answered = _answer(open_calls, group) if role == "user" else {}
+        missing = [call_id for call_id in open_calls if call_id not in answered]
+        if missing:
+            raise InvalidRequest(
+                f"{open_param}: tool_use ids were found without tool_result blocks right after: "
+                f"{', '.join(missing)}; each tool_use needs a tool_result in the next message",
+                param=open_param,
+                code="invalid_value",
+            )
+        calls = [located for message in group for located in message.calls]
+        for call, where in calls:
+            if call.id in used_ids:
+                raise _bad(f"{where}.id", f"repeats the id {call.id!r} of an earlier tool_use block")
+            used_ids.add(call.id)
+        open_calls = {call.id: call.name for call, _ in calls}
+        open_param = group[-1].param
+        turns.extend(
+            dataclasses.replace(result, name=answered[result.tool_call_id or ""])
+            for message in group
+            for result, _ in message.results
+        )
+        texts = [message.text for message in group if message.text is not None]
+        if texts or calls:
+            turns.append(
+                ChatTurn(role, BLOCK_SEPARATOR.join(texts), tool_calls=tuple(call for call, _ in calls))
+            )
+    if turns[-1].role == "assistant":
+        param = messages[-1].param
+        raise InvalidRequest(
+            f"{param}: a final assistant message (prefill) is not supported; end with a user message",
+            param=param,
+            code="unsupported_prefill",
+        )
+    return tuple(turns)
+
+
+def _groups(messages: Sequence[ParsedMessage]) -> list[list[ParsedMessage]]:
+    groups: list[list[ParsedMessage]] = []
+    for message in messages:
+        if groups and groups[-1][0].role == message.role:
+            groups[-1].append(message)
+        else:
+            groups.append([message])
+    return groups
+
+
+def _answer(open_calls: Mapping[str, str], group: Sequence[ParsedMessage]) -> dict[str, str]:
+    """The calls a user group's tool results answer: id -> tool name.  InvalidRequest for a result
+    that answers no call of the assistant message before it, or one already answered."""
+    answered: dict[str, str] = {}
+    for message in group:
+        for result, where in message.results:
+            call_id = result.tool_call_id or ""
+            if call_id not in open_calls:
+                raise _bad(
+                    f"{where}.tool_use_id",
+                    f"must answer a tool_use block of the assistant message right before it; {call_id!r} does not",
+                )
+            if call_id in answered:
+                raise _bad(f"{where}.tool_use_id", f"answers {call_id!r} a second time")
+            answered[call_id] = open_calls[call_id]
+    return answered
 
 
 def text_of(content: object, param: str) -> str:
@@ -175,20 +463,28 @@ def text_of(content: object, param: str) -> str:
     for j, block in enumerate(content):
         where = f"{param}[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
-        if kind in TOOL_BLOCKS:
-            raise InvalidRequest(
-                f"{where} is a {kind!r} block: tool calling is not supported here",
-                param=where,
-                code="unsupported_content",
-            )
         if kind != "text" or not isinstance(block.get("text"), str):
             raise InvalidRequest(
-                f"{where} must be {{'type': 'text', 'text': <string>}}; only text blocks are supported, got {kind!r}",
+                f"{where} must be {{'type': 'text', 'text': <string>}}; only text blocks are supported here, got {kind!r}",
                 param=where,
                 code="unsupported_content",
             )
         texts.append(block["text"])
     return BLOCK_SEPARATOR.join(texts)
+
+
+def check_tool_types(tools: object) -> None:
+    """InvalidRequest naming the first server tool (``web_search_20250305``, ``bash_20250124``, ...):
+    they run on Anthropic's side, and there is nothing here to run them."""
+    for i, tool in enumerate(tools if isinstance(tools, list) else ()):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind not in CLIENT_TOOL_TYPES:
+            raise InvalidRequest(
+                f"tools[{i}] is the server tool {str(kind)[:64]!r}, which is not supported here; "
+                "only client tools ({'name', 'description', 'input_schema'}) are",
+                param=f"tools[{i}].type",
+                code="unsupported_tool",
+            )
 
 
 def validate_body(raw: object, limits: InputLimits) -> MessagesBody:
@@ -205,6 +501,7 @@ def validate_body(raw: object, limits: InputLimits) -> MessagesBody:
                 param=param,
                 code="array_above_max_length",
             )
+    check_tool_types(raw.get("tools"))
     try:
         return MessagesBody.model_validate(raw)
     except ValidationError as exc:
@@ -218,6 +515,9 @@ def to_request(
         raise InvalidRequest(
             f"max_tokens must be at most {max_tokens_limit}", param="max_tokens", code="invalid_value"
         )
+    tools = body.tool_specs()
+    choice = body.choice(tools)
+    parallel = not (body.tool_choice is not None and body.tool_choice.disable_parallel_tool_use)
     return GenerationRequest(
         request_id=request_id,
         tenant=tenant,
@@ -233,7 +533,22 @@ def to_request(
         chat=body.turns(),
         app_metadata=parse_app_metadata(body.app_metadata) if body.app_metadata is not None else None,
         stream=bool(body.stream),
+        tools=tools,
+        tool_choice=choice if tools else None,
+        parallel_tool_calls=parallel,
     )
+
+
+def with_last_tool(meta: AppMetadata | None, chat: Sequence[ChatTurn]) -> AppMetadata | None:
+    """``meta`` with its ``tool`` set, when the client left it unset, to the tool whose result the
+    conversation ends with (``tool_of_last_result``).  A user message may follow its tool results
+    with text: that text turn is skipped, the request still follows the tool."""
+    if meta is None or meta.tool is not None:
+        return meta
+    if len(chat) >= 2 and chat[-1].role == "user" and chat[-2].role == "tool":
+        chat = chat[:-1]
+    tool = tool_of_last_result(chat)
+    return dataclasses.replace(meta, tool=tool) if tool is not None else meta
 
 
 # ---- sessions -----------------------------------------------------------------------------------
@@ -282,6 +597,16 @@ class TextBlockOut(BaseModel):
     text: str
 
 
+class ToolUseBlockOut(BaseModel):
+    type: Literal["tool_use"] = "tool_use"
+    id: str  # toolu_...
+    name: str
+    input: dict[str, Any]
+
+
+ContentBlockOut = Annotated[TextBlockOut | ToolUseBlockOut, Field(discriminator="type")]
+
+
 class MessageUsage(BaseModel):
     input_tokens: int  # the prompt's tokens not read from the prefix cache
     output_tokens: int
@@ -302,7 +627,7 @@ class MessageOut(BaseModel):
     type: Literal["message"] = "message"
     role: Literal["assistant"] = "assistant"
     model: str
-    content: list[TextBlockOut]
+    content: list[ContentBlockOut]
     stop_reason: str | None
     stop_sequence: str | None = None  # the stop sequence that ended the answer, if one did
     usage: MessageUsage
@@ -318,7 +643,7 @@ class AnthropicErrorOut(BaseModel):
     error: AnthropicError
 
 
-_STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
+_STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 _ERROR_TYPES = {
     401: "authentication_error",
     403: "permission_error",
@@ -333,20 +658,65 @@ def message_id(request_id: str) -> str:
     return f"msg_{request_id}"
 
 
-def stop_reason(finish_reason: str, stop_sequence: str | None = None) -> str:
+def tool_use_id(call_id: str) -> str:
+    """The tool_use id of a worker's call: ``call_<x>`` becomes ``toolu_<x>``.  Requests carry the
+    client's ids to the worker as they are, so a round trip needs no mapping back.  A fresh id
+    when the engine gave none, or one Anthropic's rule for ids would refuse."""
+    if call_id.startswith("toolu_") and TOOL_USE_ID.match(call_id):
+        return call_id
+    suffix = call_id.removeprefix("call_")
+    return "toolu_" + suffix if suffix and TOOL_USE_ID.match(suffix) else new_call_id("toolu_")
+
+
+def tool_input(arguments: str) -> dict[str, Any] | None:
+    """A call's arguments as a tool_use ``input``: the JSON object they spell ("" is ``{}``, a call
+    without arguments), or None when they spell no object.  The worker's grammar always makes an
+    object; an engine without one may not, and such a call is answered as text."""
+    if not arguments.strip():
+        return {}
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def stop_reason(finish_reason: str, stop_sequence: str | None = None, *, called: bool = True) -> str:
     """Anthropic's stop_reason for a worker's finish_reason: "stop" is ``stop_sequence`` when the
-    worker names the stop string that matched, else end_turn; "abort" passes through."""
+    worker names the stop string that matched, else end_turn; "tool_calls" is tool_use when the
+    answer holds a tool_use block (``called``), else end_turn; "abort" passes through."""
     if finish_reason == "stop" and stop_sequence is not None:
         return "stop_sequence"
+    if finish_reason == "tool_calls" and not called:
+        return "end_turn"
     return _STOP_REASONS.get(finish_reason, finish_reason)
 
 
+def content_blocks(text: str, calls: Sequence[ToolCall]) -> list[TextBlockOut | ToolUseBlockOut]:
+    """The text block (when there is text, or nothing else), then a tool_use block per call.  A
+    call whose arguments spell no JSON object joins the text as those arguments."""
+    uses: list[TextBlockOut | ToolUseBlockOut] = []
+    texts = [text] if text else []
+    for call in calls:
+        arguments = tool_input(call.arguments)
+        if arguments is None:
+            logger.warning("tool call %r has arguments that are no JSON object; answered as text", call.name)
+            texts.append(call.arguments)
+        else:
+            uses.append(ToolUseBlockOut(id=tool_use_id(call.id), name=call.name, input=arguments))
+    if texts or not uses:
+        return [TextBlockOut(text=BLOCK_SEPARATOR.join(texts)), *uses]
+    return uses
+
+
 def message_out(result: CompletionResult) -> MessageOut:
+    content = content_blocks(result.text, result.tool_calls)
+    called = any(isinstance(block, ToolUseBlockOut) for block in content)
     return MessageOut(
         id=message_id(result.request_id),
         model=result.model,
-        content=[TextBlockOut(text=result.text)],
-        stop_reason=stop_reason(result.finish_reason, result.stop_sequence),
+        content=content,
+        stop_reason=stop_reason(result.finish_reason, result.stop_sequence, called=called),
         stop_sequence=result.stop_sequence,
         usage=MessageUsage.of(result.usage),
     )
@@ -379,15 +749,81 @@ def event(name: str, payload: BaseModel | dict[str, Any]) -> bytes:
     return f"event: {name}\ndata: {data}\n\n".encode()
 
 
+class ContentEvents:
+    """The content-block events of one choice's pieces, in Anthropic's order: a text block while
+    text arrives, a tool_use block per call (opened by the call's first piece, with ``input: {}``;
+    each argument fragment an ``input_json_delta``).  One block is open at a time: a new one closes
+    it, so the text block closes before the first tool_use block opens.  ``ping`` follows the first
+    ``content_block_start``, as Anthropic sends it.
+
+        index:  0 text   1 tool_use (call 0)   2 tool_use (call 1)
+        events: start delta* stop | start json* stop | start json* stop
+
+    Arguments stream as the engine makes them (the worker's grammar keeps them a JSON object)."""
+
+    def __init__(self) -> None:
+        self.blocks = 0  # blocks started so far; the next one's index
+        self.open: str | None = None  # the open block's type
+        self.uses: dict[int, int] = {}  # call index -> its block's index
+
+    @property
+    def called(self) -> bool:
+        return bool(self.uses)
+
+    def feed(self, piece: Piece) -> list[bytes]:
+        out: list[bytes] = []
+        if piece.text:
+            if self.open != "text":
+                out += self._start({"type": "text", "text": ""})
+            out.append(self._delta({"type": "text_delta", "text": piece.text}))
+        for delta in piece.tool_calls:
+            if delta.index not in self.uses:
+                block = {"type": "tool_use", "id": tool_use_id(delta.id), "name": delta.name, "input": {}}
+                out += self._start(block)
+                self.uses[delta.index] = self.blocks - 1
+            if delta.arguments:
+                fragment = {"type": "input_json_delta", "partial_json": delta.arguments}
+                out.append(self._delta(fragment, self.uses[delta.index]))
+        return out
+
+    def finish(self) -> list[bytes]:
+        """Close the open block; an answer with no content still gets its (empty) text block."""
+        out = [] if self.blocks else self._start({"type": "text", "text": ""})
+        return out + self._close()
+
+    def _start(self, block: dict[str, Any]) -> list[bytes]:
+        out = self._close()
+        out.append(
+            event(
+                "content_block_start",
+                {"type": "content_block_start", "index": self.blocks, "content_block": block},
+            )
+        )
+        if self.blocks == 0:
+            out.append(event("ping", {"type": "ping"}))
+        self.blocks += 1
+        self.open = block["type"]
+        return out
+
+    def _close(self) -> list[bytes]:
+        if self.open is None:
+            return []
+        self.open = None
+        return [event("content_block_stop", {"type": "content_block_stop", "index": self.blocks - 1})]
+
+    def _delta(self, delta: dict[str, Any], index: int | None = None) -> bytes:
+        index = self.blocks - 1 if index is None else index
+        return event("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+
+
 async def message_events(generation: Generation) -> AsyncIterator[bytes]:
-    """The stream: message_start, content_block_start, ping, content_block_delta per text piece,
-    content_block_stop, message_delta (stop_reason, usage), message_stop; an ``error`` event ends it
-    when the generation fails.  message_start waits for the first piece, which carries the prompt's
-    token count."""
+    """The stream: message_start, the content blocks (``ContentEvents``), message_delta
+    (stop_reason, usage), message_stop; an ``error`` event ends it when the generation fails.
+    message_start waits for the first piece, which carries the prompt's token count."""
     request = generation.request
     try:
-        deltas = generation.deltas()
-        first = await anext(deltas, None)
+        pieces = generation.chunks()
+        first = await anext(pieces, None)
         start = MessageOut(
             id=message_id(request.request_id),
             model=request.model,
@@ -396,19 +832,19 @@ async def message_events(generation: Generation) -> AsyncIterator[bytes]:
             usage=MessageUsage.of(generation.usage),
         )
         yield event("message_start", {"type": "message_start", "message": start.model_dump()})
-        yield event(
-            "content_block_start",
-            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
-        )
-        yield event("ping", {"type": "ping"})
+        blocks = ContentEvents()
         if first is not None:
-            yield _text_delta(first)
-            async for text in deltas:
-                yield _text_delta(text)
-        yield event("content_block_stop", {"type": "content_block_stop", "index": 0})
-        assert generation.finish_reason is not None, "deltas() ends only once the worker finished"
+            for data in blocks.feed(first):
+                yield data
+            async for piece in pieces:
+                for data in blocks.feed(piece):
+                    yield data
+        for data in blocks.finish():
+            yield data
+        assert generation.finish_reason is not None, "chunks() ends only once the worker finished"
         matched = generation.stop_sequence
-        delta = {"stop_reason": stop_reason(generation.finish_reason, matched), "stop_sequence": matched}
+        reason = stop_reason(generation.finish_reason, matched, called=blocks.called)
+        delta = {"stop_reason": reason, "stop_sequence": matched}
         usage = MessageUsage.of(generation.usage).model_dump()
         yield event("message_delta", {"type": "message_delta", "delta": delta, "usage": usage})
         yield event("message_stop", {"type": "message_stop"})
@@ -416,11 +852,6 @@ async def message_events(generation: Generation) -> AsyncIterator[bytes]:
         yield event("error", error_out(err))
     finally:
         await generation.close()
-
-
-def _text_delta(text: str) -> bytes:
-    delta = {"type": "text_delta", "text": text}
-    return event("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta})
 
 
 # ---- the route ----------------------------------------------------------------------------------
@@ -462,6 +893,7 @@ async def _create_message(request: Request, frontend: GatewayFrontend) -> Respon
         user_id = body.metadata.user_id if body.metadata is not None else None
         derived = derive_session(request.headers, req.chat or (), settings.session_tagging(), user_id)
         req = dataclasses.replace(req, app_metadata=derived)
+    req = dataclasses.replace(req, app_metadata=with_last_tool(req.app_metadata, req.chat or ()))
     parent = extract_context(request.headers.items())
     headers = {"X-Request-Id": req.request_id, **frontend.admit(auth, req)}
     if not req.stream:

@@ -101,6 +101,25 @@ class GatewaySettings(ServiceSettings):
         description="workflow_type_id of a request tagged from a session header, unless it sends "
         "x-workflow-type-id",
     )
+    gateway_responses_database_url: str = Field(
+        default="",
+        description="SQLAlchemy URL of the Responses API's stored responses; empty: CV_DATABASE_URL",
+    )
+    gateway_responses_ttl_s: float = Field(
+        default=2_592_000.0,  # 30 days, as OpenAI keeps a stored response
+        gt=0,
+        description="how long a stored response (store: true) can be read back or continued",
+    )
+    gateway_responses_max_chain: int = Field(
+        default=256,
+        ge=1,
+        description="most responses one previous_response_id chain may hold; a longer one is refused with 400",
+    )
+    gateway_responses_timeout_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="deadline of one stored-response database call; past it the request gets 503",
+    )
 
     @classmethod
     def from_env(cls) -> GatewaySettings:
@@ -113,6 +132,8 @@ class GatewaySettings(ServiceSettings):
         if self.default_max_tokens > self.max_tokens_limit:
             raise ValueError("default_max_tokens must not exceed max_tokens_limit")
         make_url(self.database_url)  # fail at start on a malformed URL, not at the first request
+        if self.gateway_responses_database_url:
+            make_url(self.gateway_responses_database_url)
         if not ID_PATTERN.match(self.gateway_session_workflow_type):
             raise ValueError(f"gateway_session_workflow_type must be {ID_RULE}")
         return self
@@ -120,7 +141,8 @@ class GatewaySettings(ServiceSettings):
     def session_tagging(self) -> SessionTagging:
         headers = (name.strip().lower() for name in self.gateway_session_headers.split(","))
         return SessionTagging(
-            headers=tuple(name for name in headers if name), workflow_type_id=self.gateway_session_workflow_type
+            headers=tuple(name for name in headers if name),
+            workflow_type_id=self.gateway_session_workflow_type,
         )
 
     def input_limits(self) -> InputLimits:
@@ -137,3 +159,7 @@ class GatewaySettings(ServiceSettings):
         if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
             return None
         return Path(url.database)
+
+    def responses_database_url(self) -> str:
+        """Where stored responses live: their own URL, else the API keys' database."""
+        return self.gateway_responses_database_url or self.database_url

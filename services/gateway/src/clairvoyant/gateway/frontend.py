@@ -18,6 +18,7 @@ from clairvoyant.gateway.models import ModelCatalog
 from clairvoyant.gateway.pipeline import Pipeline, RecordSink
 from clairvoyant.gateway.ratelimit import Limits
 from clairvoyant.gateway.request import GenerationRequest
+from clairvoyant.gateway.response_store import ResponseStore
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,13 @@ class GatewayFrontend:
             default_max_tokens=settings.default_max_tokens,
             now=now,
             record_token_ids=settings.gateway_record_token_ids,
+        )
+        # The Responses API's stored conversations (openai_responses); connects on first use.
+        self.responses = ResponseStore(
+            settings.responses_database_url(),
+            ttl_s=settings.gateway_responses_ttl_s,
+            timeout_s=settings.gateway_responses_timeout_s,
+            now=now,
         )
         self.started_at = int(now())
         self._renewing: asyncio.Task[None] | None = None
@@ -98,3 +106,4 @@ class GatewayFrontend:
         if isinstance(self.annotator, ProfilerClient):
             await self.annotator.close()
         await asyncio.to_thread(self.keys.close)
+        await asyncio.to_thread(self.responses.close)

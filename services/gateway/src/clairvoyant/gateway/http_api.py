@@ -36,7 +36,7 @@ from clairvoyant.gateway.config import GatewaySettings
 from clairvoyant.gateway.frontend import GatewayFrontend
 from clairvoyant.gateway.http_common import CLIENT_CLOSED, SSE_HEADERS, read_json, until_disconnected
 from clairvoyant.gateway.metrics import RequestCounter
-from clairvoyant.gateway.openai_api import to_request
+from clairvoyant.gateway.openai_api import to_request, with_tool_of_last_result
 from clairvoyant.gateway.openapi_doc import add_body_schemas, error_responses, generated, json_body
 from clairvoyant.gateway.ratelimit import RateLimited
 from clairvoyant.gateway.request import Endpoint
@@ -131,7 +131,7 @@ def create_app(settings: GatewaySettings, frontend: GatewayFrontend) -> FastAPI:
         )
         if req.app_metadata is None:  # Claude Code and agent frameworks tag sessions in headers only
             derived = derive_app_metadata(request.headers, req.chat, session_tagging)
-            req = dataclasses.replace(req, app_metadata=derived)
+            req = dataclasses.replace(req, app_metadata=with_tool_of_last_result(derived, req.chat))
         parent = extract_context(request.headers.items())  # a client's W3C traceparent, if it sent one
         # Busy (a full queue, a rate limit) is refused here, before the pipeline spends anything.
         headers = {"X-Request-Id": req.request_id, **frontend.admit(request.headers.get("authorization"), req)}

@@ -58,6 +58,7 @@ HTTP_ENDPOINTS = {
     "/v1/chat/completions": "chat.completions",
     "/v1/completions": "completions",
     "/v1/messages": "messages",
+    "/v1/responses": "responses",
     "/v1/models": "models",
 }
 

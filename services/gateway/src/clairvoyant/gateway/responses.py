@@ -1,5 +1,9 @@
 """A gateway result in the OpenAI response shapes (``clairvoyant.core.openai_schema``):
-chat.completion and text_completion, with the profiler's annotations when asked for."""
+chat.completion and text_completion, with the profiler's annotations when asked for.
+
+Every choice (``n``) in index order; a chat choice's calls in ``message.tool_calls``, with
+``content`` null when the model wrote nothing beside them (as OpenAI answers).  The usage
+counts every choice's tokens."""
 
 from __future__ import annotations
 
@@ -18,12 +22,13 @@ from clairvoyant.core.openai_schema import (
     CompletionLogprobs,
     TextChoice,
     TextCompletionOut,
+    ToolCallOut,
     TopLogprobOut,
     UsageOut,
     chat_id,
     completion_id,
 )
-from clairvoyant.gateway.request import CompletionResult, TokenUsage
+from clairvoyant.gateway.request import Choice, CompletionResult, TokenUsage
 
 
 def usage_out(usage: TokenUsage) -> UsageOut:
@@ -69,17 +74,35 @@ def completion_logprobs(logprobs: Sequence[common_pb2.TokenLogprob], offset: int
     )
 
 
+def choices_of(result: CompletionResult) -> tuple[Choice, ...]:
+    """The result's choices (a result built with the first choice's fields only stands for one)."""
+    if result.choices:
+        return result.choices
+    return (
+        Choice(0, result.text, result.finish_reason, result.logprobs, result.stop_sequence, result.tool_calls),
+    )
+
+
+def assistant_message(choice: Choice) -> AssistantMessage:
+    if not choice.tool_calls:
+        return AssistantMessage(content=choice.text)
+    return AssistantMessage(
+        content=choice.text or None, tool_calls=[ToolCallOut.of(call) for call in choice.tool_calls]
+    )
+
+
 def chat_completion(result: CompletionResult, echo_annotations: bool) -> ChatCompletionOut:
-    logprobs = None if result.logprobs is None else chat_logprobs(result.logprobs)
     return ChatCompletionOut(
         id=chat_id(result.request_id),
         created=result.created,
         model=result.model,
         choices=[
             ChatChoice(
-                message=AssistantMessage(content=result.text), finish_reason=result.finish_reason, logprobs=logprobs
+                index=choice.index, message=assistant_message(choice), finish_reason=choice.finish_reason,
+                logprobs=None if choice.logprobs is None else chat_logprobs(choice.logprobs),
             )
-        ],
+            for choice in choices_of(result)
+        ],  # fmt: skip
         usage=usage_out(result.usage),
         annotations=annotations_dict(result.annotations) if echo_annotations else None,
     )
@@ -92,9 +115,10 @@ def text_completion(result: CompletionResult, echo_annotations: bool) -> TextCom
         model=result.model,
         choices=[
             TextChoice(
-                text=result.text, finish_reason=result.finish_reason,
-                logprobs=None if result.logprobs is None else completion_logprobs(result.logprobs),
+                index=choice.index, text=choice.text, finish_reason=choice.finish_reason,
+                logprobs=None if choice.logprobs is None else completion_logprobs(choice.logprobs),
             )
+            for choice in choices_of(result)
         ],  # fmt: skip
         usage=usage_out(result.usage),
         annotations=annotations_dict(result.annotations) if echo_annotations else None,

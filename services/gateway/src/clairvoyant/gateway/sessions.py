@@ -13,6 +13,12 @@ body's own ``app_metadata`` always wins, and the tenant is never touched.
   the agent: frameworks append later system messages (reminders, retrieved context) that change
   from turn to turn, and a per-turn agent id would teach the profiler nothing.
 
+``derive_conversation_metadata`` tags an untagged Responses API call that belongs to a stored
+conversation (a ``previous_response_id`` chain): the session headers still win; without one,
+``workflow_id`` is the id of the chain's first response, so every turn of one conversation is one
+workflow; the workflow type and agent follow the same rules.  Tagging turned off (no session
+headers configured) turns this off too.
+
 A header value that breaks the id rule of ``clairvoyant.core.app_metadata`` is refused with
 InvalidRequest naming the header: the client sent it, so dropping it silently would hide its bug.
 """
@@ -77,3 +83,21 @@ def derive_app_metadata(
         return None
     workflow_type_id = _header_id(headers, WORKFLOW_TYPE_HEADER) or tagging.workflow_type_id
     return AppMetadata(workflow_type_id=workflow_type_id, workflow_id=workflow_id, agent_id=agent_id_of(chat))
+
+
+def derive_conversation_metadata(
+    headers: Mapping[str, str],
+    chat: Sequence[ChatTurn] | None,
+    tagging: SessionTagging,
+    conversation_id: str | None,
+) -> AppMetadata | None:
+    """``derive_app_metadata``, falling back to ``conversation_id`` (the first response id of a
+    stored Responses API chain) as the workflow id when no session header names one; None when
+    neither does, or when tagging is off.  Raises InvalidRequest as ``derive_app_metadata`` does."""
+    derived = derive_app_metadata(headers, chat, tagging)
+    if derived is not None or conversation_id is None or not tagging.headers:
+        return derived
+    workflow_type_id = _header_id(headers, WORKFLOW_TYPE_HEADER) or tagging.workflow_type_id
+    return AppMetadata(
+        workflow_type_id=workflow_type_id, workflow_id=conversation_id, agent_id=agent_id_of(chat)
+    )

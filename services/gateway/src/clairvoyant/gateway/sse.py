@@ -1,8 +1,12 @@
 """Server-sent events for streamed completions, in OpenAI's chunk formats.
 
-    data: {chunk}\\n\\n      first (chat: role "assistant"), one per text delta, last with finish_reason
+    data: {chunk}\\n\\n      first (chat: role "assistant", one per choice), one per delta, then each
+                         choice's last, with its finish_reason (the request's last: the annotations)
     data: {usage chunk}    only with stream_options.include_usage: empty choices, the usage
     data: [DONE]
+
+Every chunk holds one choice, tagged with its ``index`` (``n`` > 1 interleaves them).  A chat
+delta carries text, or tool-call pieces in OpenAI's form (``tool_call_deltas``), or both.
 
 A failure after the status line has gone out can only travel as an event: ``data: {"error": ...}``.
 """
@@ -10,11 +14,12 @@ A failure after the status line has gone out can only travel as an event: ``data
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from pydantic import BaseModel
 
+from clairvoyant.contracts.v1 import common_pb2
 from clairvoyant.core.errors import ClairvoyantError
 from clairvoyant.core.openai_schema import (
     ChatChunkChoice,
@@ -22,8 +27,10 @@ from clairvoyant.core.openai_schema import (
     ChatDelta,
     ChatLogprobs,
     CompletionLogprobs,
+    FunctionDeltaOut,
     TextChoice,
     TextCompletionOut,
+    ToolCallDeltaOut,
     chat_id,
     completion_id,
 )
@@ -40,15 +47,34 @@ def event(payload: BaseModel | dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
+def tool_call_deltas(deltas: Sequence[common_pb2.ToolCallDelta]) -> list[ToolCallDeltaOut] | None:
+    """OpenAI's ``delta.tool_calls``: a call's first piece with its id, type and name, later ones
+    with an arguments fragment only."""
+    if not deltas:
+        return None
+    return [
+        ToolCallDeltaOut(
+            index=d.index, id=d.id or None, type="function" if d.id else None,
+            function=FunctionDeltaOut(name=d.name or None, arguments=d.arguments),
+        )
+        for d in deltas
+    ]  # fmt: skip
+
+
 async def chat_events(generation: Generation, include_usage: bool) -> AsyncIterator[bytes]:
     request = generation.request
 
     wants_logprobs = request.sampling.logprobs is not None
 
     def chunk(
-        delta: ChatDelta, finish_reason: str | None = None, *, logprobs: ChatLogprobs | None = None, **extra: Any
+        index: int,
+        delta: ChatDelta,
+        finish_reason: str | None = None,
+        *,
+        logprobs: ChatLogprobs | None = None,
+        **extra: Any,
     ) -> bytes:
-        choice = ChatChunkChoice(delta=delta, finish_reason=finish_reason, logprobs=logprobs)
+        choice = ChatChunkChoice(index=index, delta=delta, finish_reason=finish_reason, logprobs=logprobs)
         return event(
             ChatChunkOut(
                 id=chat_id(request.request_id),
@@ -60,13 +86,18 @@ async def chat_events(generation: Generation, include_usage: bool) -> AsyncItera
         )
 
     try:
-        yield chunk(ChatDelta(role="assistant", content=""))
-        async for text, logprobs in generation.pieces():
-            yield chunk(ChatDelta(content=text), logprobs=chat_logprobs(logprobs) if wants_logprobs else None)
-        echo: dict[str, Any] = (
-            {"annotations": annotations_dict(generation.annotations)} if request.echo_annotations else {}
-        )
-        yield chunk(ChatDelta(), generation.finish_reason, **echo)
+        for index in range(request.sampling.n):
+            yield chunk(index, ChatDelta(role="assistant", content=""))
+        async for piece in generation.chunks():
+            if piece.text or piece.logprobs or piece.tool_calls:
+                delta = ChatDelta(
+                    content=piece.text if piece.text or not piece.tool_calls else None,
+                    tool_calls=tool_call_deltas(piece.tool_calls),
+                )
+                logprobs = chat_logprobs(piece.logprobs) if wants_logprobs else None
+                yield chunk(piece.choice, delta, logprobs=logprobs)
+            if piece.finish_reason is not None:
+                yield chunk(piece.choice, ChatDelta(), piece.finish_reason, **_echo(generation))
         if include_usage:
             yield event(
                 ChatChunkOut(
@@ -85,16 +116,24 @@ async def chat_events(generation: Generation, include_usage: bool) -> AsyncItera
         await generation.close()
 
 
+def _echo(generation: Generation) -> dict[str, Any]:
+    """The annotations, for the request's last chunk when it asked for them (else nothing)."""
+    if not generation.request.echo_annotations or generation.finish_reason is None:
+        return {}
+    return {"annotations": annotations_dict(generation.annotations)}
+
+
 async def text_events(generation: Generation, include_usage: bool) -> AsyncIterator[bytes]:
     request = generation.request
 
     wants_logprobs = request.sampling.logprobs is not None
-    offset = 0  # characters of the completion's text streamed so far
+    offsets: dict[int, int] = {}  # choice -> characters of its text streamed so far
 
     def chunk(
-        text: str, finish_reason: str | None = None, *, logprobs: CompletionLogprobs | None = None, **extra: Any
+        index: int, text: str, finish_reason: str | None = None, *, logprobs: CompletionLogprobs | None = None,
+        **extra: Any,
     ) -> bytes:
-        choice = TextChoice(text=text, finish_reason=finish_reason, logprobs=logprobs)
+        choice = TextChoice(index=index, text=text, finish_reason=finish_reason, logprobs=logprobs)
         return event(
             TextCompletionOut(
                 id=completion_id(request.request_id),
@@ -103,16 +142,17 @@ async def text_events(generation: Generation, include_usage: bool) -> AsyncItera
                 choices=[choice],
                 **extra,
             )
-        )
+        )  # fmt: skip
 
     try:
-        async for text, logprobs in generation.pieces():
-            yield chunk(text, logprobs=completion_logprobs(logprobs, offset) if wants_logprobs else None)
-            offset += sum(len(lp.token) for lp in logprobs)
-        echo: dict[str, Any] = (
-            {"annotations": annotations_dict(generation.annotations)} if request.echo_annotations else {}
-        )
-        yield chunk("", generation.finish_reason, **echo)
+        async for piece in generation.chunks():
+            if piece.text or piece.logprobs:
+                offset = offsets.get(piece.choice, 0)
+                logprobs = completion_logprobs(piece.logprobs, offset) if wants_logprobs else None
+                yield chunk(piece.choice, piece.text, logprobs=logprobs)
+                offsets[piece.choice] = offset + sum(len(lp.token) for lp in piece.logprobs)
+            if piece.finish_reason is not None:
+                yield chunk(piece.choice, "", piece.finish_reason, **_echo(generation))
         if include_usage:
             yield event(
                 TextCompletionOut(
