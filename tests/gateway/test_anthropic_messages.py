@@ -12,7 +12,8 @@ import anthropic
 import httpx
 import pytest
 
-from clairvoyant.gateway.anthropic_api import ENDPOINT, claude_code_session
+from clairvoyant.gateway.anthropic_api import claude_code_session
+from clairvoyant.gateway.anthropic_request import ENDPOINT
 from clairvoyant.gateway.keys import KeyStore
 from tests.gateway.conftest import Stack, StackFactory
 from tests.gateway.fakes import MODEL, FakeWorker

@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from clairvoyant.contracts.v1 import common_pb2, worker_pb2
-from clairvoyant.gateway.anthropic_api import ContentEvents, tool_input, tool_use_id
+from clairvoyant.gateway.anthropic_response import tool_input, tool_use_id
+from clairvoyant.gateway.anthropic_stream import ContentEvents
 from clairvoyant.gateway.generation import Piece
 from tests.gateway.conftest import Stack, StackFactory
 from tests.gateway.fakes import MODEL, FakeWorker, prompt_text

@@ -23,7 +23,7 @@ from sqlalchemy import create_engine, text
 
 from clairvoyant.contracts.v1 import common_pb2, worker_pb2
 from clairvoyant.gateway.keys import KeyStore
-from clairvoyant.gateway.openai_responses import StreamedOutput
+from clairvoyant.gateway.responses_stream import StreamedOutput
 from tests.gateway.conftest import Stack, StackFactory
 from tests.gateway.fakes import MODEL, FakeWorker
 

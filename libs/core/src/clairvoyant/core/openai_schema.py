@@ -1,5 +1,7 @@
-"""The OpenAI API's request bodies and response shapes, one schema for every HTTP edge that speaks
-it (the gateway, and the worker's own endpoint).  Pydantic only: no transport, no service types.
+"""The OpenAI API's request bodies, one schema for every HTTP edge that speaks it (the gateway, and
+the worker's own endpoint).  Pydantic only: no transport, no service types.  Beside it:
+``openai_messages`` (a chat body's messages and tools), ``openai_structure`` (tools, tool choice
+and output constraints parsed) and ``openai_output`` (the response shapes).
 
 Contract of ``validate_body``: a top-level field is held to ``openai_parameters``' table first
 (a refused parameter is InvalidRequest ``unsupported_parameter``; an unknown one is
@@ -18,17 +20,40 @@ choice naming no tool).  docs/openai-api.md lists the rules.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal, NamedTuple, TypeVar
+from typing import Annotated, Any, ClassVar, NamedTuple, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema, field_validator
+from pydantic import Field, ValidationError, WithJsonSchema, field_validator
 
 from clairvoyant.core.app_metadata import ID_PATTERN, OPTIONAL_IDS, REQUIRED
 from clairvoyant.core.errors import InvalidRequest
 from clairvoyant.core.json_input import check_strings, format_param
+from clairvoyant.core.openai_messages import ChatMessageIn, Strict, ToolIn
+
+# The worker's own endpoint answers in these shapes and imports them from here, beside the bodies.
+from clairvoyant.core.openai_output import AssistantMessage as AssistantMessage
+from clairvoyant.core.openai_output import ChatChoice as ChatChoice
+from clairvoyant.core.openai_output import ChatChunkChoice as ChatChunkChoice
+from clairvoyant.core.openai_output import ChatChunkOut as ChatChunkOut
+from clairvoyant.core.openai_output import ChatCompletionOut as ChatCompletionOut
+from clairvoyant.core.openai_output import ChatDelta as ChatDelta
+from clairvoyant.core.openai_output import ModelCard as ModelCard
+from clairvoyant.core.openai_output import ModelList as ModelList
+from clairvoyant.core.openai_output import TextChoice as TextChoice
+from clairvoyant.core.openai_output import TextCompletionOut as TextCompletionOut
+from clairvoyant.core.openai_output import UsageOut as UsageOut
 from clairvoyant.core.openai_parameters import Api, check_parameters
-from clairvoyant.core.structured import OutputConstraint, ToolCall, ToolChoice, ToolSpec
+from clairvoyant.core.openai_structure import (
+    JSON_TEXT_OR_OBJECT_SCHEMA,
+    RESPONSE_FORMAT_SCHEMA,
+    TOOL_CHOICE_SCHEMA,
+    Structure,
+    one_constraint,
+    parse_response_format,
+    parse_tool_choice,
+    structured_outputs,
+)
+from clairvoyant.core.structured import OutputConstraint, ToolCall, ToolChoice
 
 
 class InputLimits(NamedTuple):
@@ -43,26 +68,8 @@ class InputLimits(NamedTuple):
 DEFAULT_LIMITS = InputLimits()
 MAX_CHOICES = 8  # n: each choice holds a sequence's KV blocks on one worker (OpenAI allows 128)
 MAX_TOOLS = 128  # OpenAI's limit
-MAX_CALL_ID_CHARS = 256
-# OpenAI's rule for a function's name, and for a json_schema response format's name.
-NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-NAME_RULE = "1 to 64 characters from a-z A-Z 0-9 _ -"
-TOOL_CHOICE_MODES = ("auto", "none", "required")
-# vLLM's structured_outputs keys, and the constraint kind each asks for.
-STRUCTURED_OUTPUT_KINDS: dict[str, str] = {
-    "json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "ebnf",
-    "json_object": "json_object", "structural_tag": "structural_tag",
-}  # fmt: skip
 
 # The JSON schemas of body fields validated by hand (for a clean error location), for /openapi.json.
-_TEXT_PART = {
-    "type": "object",
-    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
-    "required": ["type", "text"],
-}
-CONTENT_SCHEMA = WithJsonSchema(
-    {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}, {"type": "null"}]}
-)
 STOP_SCHEMA = WithJsonSchema(
     {
         "anyOf": [
@@ -81,51 +88,7 @@ PROMPT_SCHEMA = WithJsonSchema(
         ]
     }
 )
-TOOL_CHOICE_SCHEMA = WithJsonSchema(
-    {
-        "anyOf": [
-            {"enum": list(TOOL_CHOICE_MODES)},
-            {
-                "type": "object",
-                "properties": {
-                    "type": {"const": "function"},
-                    "function": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
-                },
-                "required": ["type", "function"],
-            },
-            {"type": "null"},
-        ]
-    }
-)
-RESPONSE_FORMAT_SCHEMA = WithJsonSchema(
-    {
-        "anyOf": [
-            {"type": "object", "properties": {"type": {"enum": ["text", "json_object"]}}, "required": ["type"]},
-            {
-                "type": "object",
-                "properties": {
-                    "type": {"const": "json_schema"},
-                    "json_schema": {
-                        "type": "object",
-                        "properties": {
-                            "name": {"type": "string", "pattern": NAME_PATTERN.pattern},
-                            "description": {"type": "string"},
-                            "schema": {"type": "object"},
-                            "strict": {"type": ["boolean", "null"]},
-                        },
-                        "required": ["name", "schema"],
-                    },
-                },
-                "required": ["type", "json_schema"],
-            },
-            {"type": "object", "properties": {"type": {"const": "structural_tag"}}, "required": ["type"]},
-            {"type": "null"},
-        ]
-    }
-)
-JSON_TEXT_OR_OBJECT_SCHEMA = WithJsonSchema(
-    {"anyOf": [{"type": "object"}, {"type": "string", "description": "the object as JSON text"}, {"type": "null"}]}
-)
+
 _ID = {"type": "string", "pattern": ID_PATTERN.pattern}
 APP_METADATA_SCHEMA = WithJsonSchema(
     {
@@ -155,93 +118,11 @@ class ChatTurn:
     tool_call_id: str | None = None  # a tool turn: the call it answers
 
 
-class _Strict(BaseModel):
-    # strict: "0.5" is not a number and 1 is not true; extra="ignore": what check_parameters let
-    # through without a field here (ignored parameters, refused ones that ask for nothing) is dropped.
-    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
-
-
-class StreamOptions(_Strict):
+class StreamOptions(Strict):
     include_usage: bool | None = None
 
 
-def _function_name(value: str) -> str:
-    if not NAME_PATTERN.match(value):
-        raise ValueError(f"must be {NAME_RULE}, got {value[:80]!r}")
-    return value
-
-
-class FunctionIn(_Strict):
-    """A tool's function (OpenAI's ``tools[].function``)."""
-
-    name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None  # a JSON Schema object; unset: any object
-    strict: bool | None = None
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        return _function_name(value)
-
-
-class ToolIn(_Strict):
-    type: Literal["function"]  # OpenAI's custom tools (free text) are not served
-    function: FunctionIn
-
-    def spec(self) -> ToolSpec:
-        f = self.function
-        return ToolSpec(f.name, f.description or "", f.parameters, bool(f.strict))
-
-
-class FunctionCallIn(_Strict):
-    name: str
-    arguments: str  # JSON text, as the model wrote it
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        return _function_name(value)
-
-
-class ToolCallIn(_Strict):
-    """A call in an earlier assistant turn (``messages[].tool_calls[]``)."""
-
-    id: str = Field(min_length=1, max_length=MAX_CALL_ID_CHARS)
-    type: Literal["function"]
-    function: FunctionCallIn
-
-    def call(self) -> ToolCall:
-        return ToolCall(self.id, self.function.name, self.function.arguments)
-
-
-class ChatMessageIn(_Strict):
-    role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: Annotated[Any, CONTENT_SCHEMA] = None
-    name: str | None = None
-    tool_calls: list[ToolCallIn] | None = None  # an assistant turn's
-    tool_call_id: str | None = Field(default=None, min_length=1, max_length=MAX_CALL_ID_CHARS)  # a tool turn's
-
-    @field_validator("content")
-    @classmethod
-    def _text(cls, value: Any) -> str | None:
-        """A string, or a list of ``{"type": "text", "text": ...}`` parts (joined); null stays null."""
-        if value is None or isinstance(value, str):
-            return value
-        if not isinstance(value, list):
-            raise ValueError("must be a string or a list of text parts")
-        texts = []
-        for i, part in enumerate(value):
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind != "text" or not isinstance(part.get("text"), str):
-                raise ValueError(
-                    f"part {i} must be {{'type': 'text', 'text': <string>}}; only text is supported, got {kind!r}"
-                )
-            texts.append(part["text"])
-        return "".join(texts)
-
-
-class GenerationBody(_Strict):
+class GenerationBody(Strict):
     """Fields shared by /v1/chat/completions and /v1/completions."""
 
     api: ClassVar[Api]  # whose parameter table applies
@@ -324,12 +205,12 @@ class GenerationBody(_Strict):
         if self.structural_tag is not None:
             found.append(("structural_tag", OutputConstraint("structural_tag", json.dumps(self.structural_tag))))
         if self.structured_outputs is not None:
-            found += _structured_outputs(self.structured_outputs)
+            found += structured_outputs(self.structured_outputs)
         return found
 
     def structure(self) -> Structure:
         """What the body asks of the output's shape; InvalidRequest for two constraints at once."""
-        return Structure(constraint=_one_constraint(self.constraints()))
+        return Structure(constraint=one_constraint(self.constraints()))
 
     def structured_params(self) -> list[str]:
         """The parameters set that ask for more than plain sampling (several choices, tools, an output
@@ -389,48 +270,17 @@ class ChatCompletionBody(GenerationBody):
             raise ValueError(f"function names must be unique; repeated: {twice}")
         return value
 
+
     @field_validator("tool_choice")
     @classmethod
     def _tool_choice(cls, value: Any) -> ToolChoice | None:
-        """OpenAI's forms: "auto" | "none" | "required" | {"type": "function", "function": {"name"}}."""
-        if value is None:
-            return None
-        if isinstance(value, str) and value in TOOL_CHOICE_MODES:
-            return ToolChoice(value)  # type: ignore[arg-type]  # one of the literal modes
-        function = value.get("function") if isinstance(value, dict) else None
-        name = function.get("name") if isinstance(function, dict) else None
-        if not isinstance(value, dict) or value.get("type") != "function" or not isinstance(name, str):
-            raise ValueError(
-                'must be "auto", "none", "required" or {"type": "function", "function": {"name": <a tool\'s name>}}'
-            )
-        return ToolChoice("function", name)
+        return parse_tool_choice(value)
 
     @field_validator("response_format")
     @classmethod
     def _response_format(cls, value: Any) -> OutputConstraint | None:
-        """OpenAI's text, json_object and json_schema; SGLang's and vLLM's structural_tag."""
-        if value is None:
-            return None
-        kind = value.get("type") if isinstance(value, dict) else None
-        if kind == "text":
-            return None
-        if kind == "json_object":
-            return OutputConstraint("json_object")
-        if kind == "structural_tag":
-            return OutputConstraint("structural_tag", json.dumps(value))
-        if kind != "json_schema":
-            raise ValueError('type must be "text", "json_object", "json_schema" or "structural_tag"')
-        spec = value.get("json_schema")
-        if not isinstance(spec, dict):
-            raise ValueError('a "json_schema" format needs json_schema: {"name": ..., "schema": {...}}')
-        if not isinstance(spec.get("name"), str) or not NAME_PATTERN.match(spec["name"]):
-            raise ValueError(f"json_schema.name is required: {NAME_RULE}")
-        if not isinstance(spec.get("schema"), dict):
-            raise ValueError("json_schema.schema is required: a JSON Schema object")
-        for key, kinds in (("strict", (bool, type(None))), ("description", (str, type(None)))):
-            if not isinstance(spec.get(key), kinds):
-                raise ValueError(f"json_schema.{key} must be a {'boolean' if key == 'strict' else 'string'}")
-        return OutputConstraint.of_schema(spec["schema"])
+        return parse_response_format(value)
+
 
     def constraints(self) -> list[tuple[str, OutputConstraint]]:
         own = [("response_format", self.response_format)] if self.response_format is not None else []
@@ -444,7 +294,7 @@ class ChatCompletionBody(GenerationBody):
         """Tools, the tool choice and the constraint.  InvalidRequest for a tool choice that names no
         tool (or asks for a call with no tools), and for a constraint beside tools the model may call:
         a call's arguments follow the tool's schema, not the response's."""
-        constraint = _one_constraint(self.constraints())
+        constraint = one_constraint(self.constraints())
         tools = tuple(tool.spec() for tool in self.tools or ())
         choice: ToolChoice | None = self.tool_choice
         if choice is not None and choice.mode in ("required", "function") and not tools:
@@ -534,67 +384,6 @@ class CompletionBody(GenerationBody):
         return value
 
 
-class Structure(NamedTuple):
-    """What a body asks of the output's shape (``GenerationBody.structure``)."""
-
-    constraint: OutputConstraint | None = None
-    tools: tuple[ToolSpec, ...] = ()
-    tool_choice: ToolChoice | None = None  # None: "auto" when there are tools
-    parallel_tool_calls: bool = True
-
-
-def _one_constraint(found: list[tuple[str, OutputConstraint]]) -> OutputConstraint | None:
-    if len(found) > 1:
-        (first, _), (second, _) = found[:2]
-        raise InvalidRequest(
-            f"{second} cannot be combined with {first}: at most one output constraint per request",
-            param=second,
-            code="invalid_value",
-        )
-    return found[0][1] if found else None
-
-
-def _structured_outputs(raw: dict[str, Any]) -> list[tuple[str, OutputConstraint]]:
-    """vLLM's ``structured_outputs`` object: one of its keys ``json``, ``regex``, ``choice``,
-    ``grammar``, ``json_object``, ``structural_tag`` (null or false ones count as unset)."""
-    found = []
-    for key, value in raw.items():
-        param = f"structured_outputs.{key}"
-        kind = STRUCTURED_OUTPUT_KINDS.get(key)
-        if kind is None:
-            if value is None or value is False:
-                continue
-            known = ", ".join(STRUCTURED_OUTPUT_KINDS)
-            raise InvalidRequest(f"{param} is not supported; known: {known}", param=param, code="unsupported_parameter")
-        if value is None or (kind == "json_object" and value is False):
-            continue
-        found.append((param, _structured_output(kind, value, param)))
-    return found
-
-
-def _structured_output(kind: str, value: Any, param: str) -> OutputConstraint:
-    if kind == "json_object":
-        if value is not True:
-            raise InvalidRequest(f"{param} must be a boolean", param=param, code="invalid_type")
-        return OutputConstraint("json_object")
-    if kind in ("json_schema", "structural_tag"):
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except ValueError:
-                value = None
-        if not isinstance(value, dict):
-            raise InvalidRequest(f"{param} must be a JSON object or its JSON text", param=param, code="invalid_type")
-        return OutputConstraint(kind, json.dumps(value, separators=(",", ":")))  # type: ignore[arg-type]
-    if kind == "choice":
-        if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
-            raise InvalidRequest(f"{param} must be a non-empty list of non-empty strings", param=param, code="invalid_type")
-        return OutputConstraint("choice", json.dumps(value))
-    if not isinstance(value, str) or not value:
-        raise InvalidRequest(f"{param} must be a non-empty string", param=param, code="invalid_type")
-    return OutputConstraint(kind, value)  # type: ignore[arg-type]  # regex or ebnf
-
-
 Body = TypeVar("Body", bound=GenerationBody)
 
 
@@ -636,181 +425,3 @@ def invalid_request(exc: ValidationError) -> InvalidRequest:
         return InvalidRequest(f"{param} is required", param=param, code="missing_required_parameter")
     code = "invalid_type" if kind.endswith("_type") or kind == "model_type" else "invalid_value"
     return InvalidRequest(f"invalid {param}: {message}", param=param, code=code)
-
-
-# Responses.
-
-
-def _unset(value: object) -> bool:
-    return value is None
-
-
-class PromptTokensDetails(BaseModel):
-    cached_tokens: int = 0
-
-
-class UsageOut(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: PromptTokensDetails
-
-    @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> UsageOut:
-        return cls(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            total_tokens=prompt_tokens + completion_tokens,
-            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
-        )
-
-
-class FunctionOut(BaseModel):
-    name: str
-    arguments: str  # JSON text
-
-
-class ToolCallOut(BaseModel):
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionOut
-
-    @classmethod
-    def of(cls, call: ToolCall) -> ToolCallOut:
-        return cls(id=call.id, function=FunctionOut(name=call.name, arguments=call.arguments))
-
-
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str | None  # null when the answer is only tool calls
-    tool_calls: list[ToolCallOut] | None = Field(default=None, exclude_if=_unset)
-
-
-class TopLogprobOut(BaseModel):
-    token: str
-    logprob: float
-    bytes: list[int] | None
-
-
-class ChatTokenLogprob(TopLogprobOut):
-    top_logprobs: list[TopLogprobOut]
-
-
-class ChatLogprobs(BaseModel):
-    content: list[ChatTokenLogprob] | None
-    refusal: None = None
-
-
-class CompletionLogprobs(BaseModel):
-    tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]] | None
-    text_offset: list[int]
-
-
-class ChatChoice(BaseModel):
-    index: int = 0
-    message: AssistantMessage
-    finish_reason: str
-    logprobs: ChatLogprobs | None = None
-
-
-class ChatCompletionOut(BaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: UsageOut
-    annotations: dict[str, Any] | None = Field(default=None, exclude_if=_unset)  # only when echo_annotations
-
-
-class FunctionDeltaOut(BaseModel):
-    name: str | None = Field(default=None, exclude_if=_unset)  # on the call's first piece
-    arguments: str = ""  # a fragment of the arguments' JSON text
-
-
-class ToolCallDeltaOut(BaseModel):
-    """A streamed piece of a call: the first carries ``id``, ``type`` and the name, later ones
-    append to the arguments of the call at ``index``."""
-
-    index: int
-    id: str | None = Field(default=None, exclude_if=_unset)
-    type: Literal["function"] | None = Field(default=None, exclude_if=_unset)
-    function: FunctionDeltaOut
-
-
-class ChatDelta(BaseModel):
-    role: Literal["assistant"] | None = Field(default=None, exclude_if=_unset)
-    content: str | None = Field(default=None, exclude_if=_unset)
-    tool_calls: list[ToolCallDeltaOut] | None = Field(default=None, exclude_if=_unset)
-
-
-class ChatChunkChoice(BaseModel):
-    index: int = 0
-    delta: ChatDelta
-    finish_reason: str | None = None
-    logprobs: ChatLogprobs | None = None
-
-
-class ChatChunkOut(BaseModel):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatChunkChoice]
-    usage: UsageOut | None = Field(default=None, exclude_if=_unset)
-    annotations: dict[str, Any] | None = Field(default=None, exclude_if=_unset)
-
-
-class TextChoice(BaseModel):
-    index: int = 0
-    text: str
-    finish_reason: str | None = None
-    logprobs: CompletionLogprobs | None = None
-
-
-class TextCompletionOut(BaseModel):
-    """Both the whole answer and each streamed chunk of /v1/completions."""
-
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[TextChoice]
-    usage: UsageOut | None = Field(default=None, exclude_if=_unset)
-    annotations: dict[str, Any] | None = Field(default=None, exclude_if=_unset)
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int
-    owned_by: str = "clairvoyant"
-    max_model_len: int | None = Field(default=None, exclude_if=_unset)
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
-
-
-class ErrorObject(BaseModel):
-    message: str
-    type: str  # invalid_request_error, authentication_error, not_found_error, rate_limit_error, ...
-    param: str | None  # the offending parameter, as OpenAI names it: "messages[0].content"
-    code: str | None  # machine-readable: "invalid_value", "context_length_exceeded", ...
-
-
-class ErrorOut(BaseModel):
-    """Every refusal and failure, whatever its status."""
-
-    error: ErrorObject
-
-
-def chat_id(request_id: str) -> str:
-    return f"chatcmpl-{request_id}"
-
-
-def completion_id(request_id: str) -> str:
-    return f"cmpl-{request_id}"

@@ -21,15 +21,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from clairvoyant.core.errors import ClairvoyantError, InvalidRequest
 from clairvoyant.core.json_input import format_param
-from clairvoyant.core.openai_schema import (
-    ChatCompletionBody,
-    ChatCompletionOut,
-    CompletionBody,
-    ModelCard,
-    ModelList,
-    TextCompletionOut,
-    validate_body,
-)
+from clairvoyant.core.openai_output import ChatCompletionOut, ModelCard, ModelList, TextCompletionOut
+from clairvoyant.core.openai_schema import ChatCompletionBody, CompletionBody, validate_body
 from clairvoyant.core.telemetry import extract_context
 from clairvoyant.gateway import anthropic_api, openai_responses
 from clairvoyant.gateway.config import GatewaySettings

@@ -15,13 +15,8 @@ import dataclasses
 from collections.abc import Sequence
 
 from clairvoyant.core.app_metadata import ID_PATTERN, AppMetadata, parse_app_metadata
-from clairvoyant.core.openai_schema import (
-    ChatCompletionBody,
-    ChatTurn,
-    CompletionBody,
-    GenerationBody,
-    Structure,
-)
+from clairvoyant.core.openai_schema import ChatCompletionBody, ChatTurn, CompletionBody, GenerationBody
+from clairvoyant.core.openai_structure import Structure
 from clairvoyant.core.structured import tool_of_last_result
 from clairvoyant.gateway.request import Endpoint, GenerationRequest, Sampling
 

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from clairvoyant.core.openai_schema import ErrorOut
+from clairvoyant.core.openai_output import ErrorOut
 
 SCHEMA_REF = "#/components/schemas/{model}"
 ERRORS = {

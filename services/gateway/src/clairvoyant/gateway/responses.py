@@ -13,7 +13,7 @@ from typing import Any
 from google.protobuf.json_format import MessageToDict
 
 from clairvoyant.contracts.v1 import common_pb2
-from clairvoyant.core.openai_schema import (
+from clairvoyant.core.openai_output import (
     AssistantMessage,
     ChatChoice,
     ChatCompletionOut,

@@ -21,7 +21,7 @@ from pydantic import BaseModel
 
 from clairvoyant.contracts.v1 import common_pb2
 from clairvoyant.core.errors import ClairvoyantError
-from clairvoyant.core.openai_schema import (
+from clairvoyant.core.openai_output import (
     ChatChunkChoice,
     ChatChunkOut,
     ChatDelta,
