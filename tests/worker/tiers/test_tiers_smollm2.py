@@ -65,7 +65,7 @@ def generate(engine: LLMEngine, request_id: str, prompt: list[int]) -> tuple[lis
     """(32 greedy tokens, cached prompt tokens, the engine's sequence id)."""
     params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
     engine.add_request(EngineRequest(request_id, prompt, params, lineage=Lineage("acme", "wf", "writer", request_id)))
-    seq_id = engine._seqs[request_id].seq_id
+    seq_id = engine._seqs[request_id][0].seq_id  # the request's first (only) choice
     result = drain(engine)[request_id]
     engine.check_integrity()
     return result.token_ids, result.final.cached_tokens, seq_id

@@ -18,6 +18,7 @@ from clairvoyant.bench import (  # noqa: F401
     cache_tiers,
     cachemgr_memory,
     cli_experiment,
+    constrained,
     decision_cost,
     engine_throughput,
     gateway_breakdown,

@@ -23,6 +23,7 @@ from clairvoyant.core.logs import mask_url
 from clairvoyant.core.registry import Registry
 from clairvoyant.worker.config import WorkerSettings
 from clairvoyant.worker.core.engine import EngineConfig, LLMEngine
+from clairvoyant.worker.core.grammar import DEFAULT_CACHE_SIZE, GrammarCache
 from clairvoyant.worker.core.l3 import L3Store
 from clairvoyant.worker.core.tiers import Executor, TierConfig
 from clairvoyant.worker.directives import DirectiveSubscriber
@@ -139,9 +140,11 @@ def build_engine(
     l3: L3Store | None = None,
     executor: Executor | None = None,
     kv_events: bool = False,
+    grammar_cache_size: int = DEFAULT_CACHE_SIZE,
 ) -> LLMEngine:
     """The engine core; each request's scheduler preset picks its ranking rule (``rules``)."""
-    engine = LLMEngine(runner, config, l3=l3, executor=executor, kv_events=kv_events)
+    grammars = GrammarCache(runner.tokenizer, runner.info, grammar_cache_size)
+    engine = LLMEngine(runner, config, l3=l3, executor=executor, kv_events=kv_events, grammars=grammars)
     engine.scheduler.rule_factory = preset_rule
     return engine
 
@@ -180,8 +183,9 @@ class WorkerApp:
             KvEventPublisher(self.worker_id, runner.info.name, settings.block_size) if settings.kv_events else None
         )
         core = build_engine(
-            runner, config, l3=self._l3, executor=self._l3_executor, kv_events=self.kv_events is not None
-        )
+            runner, config, l3=self._l3, executor=self._l3_executor, kv_events=self.kv_events is not None,
+            grammar_cache_size=settings.grammar_cache_size,
+        )  # fmt: skip
         self.engine = AsyncEngine(
             core, on_step=record_stats, on_kv_events=self.kv_events.submit if self.kv_events else None
         )
@@ -195,8 +199,11 @@ class WorkerApp:
             f"http://{settings.advertised()}:{settings.worker_http_port}" if settings.worker_http_port else ""
         )
         self.heartbeat = Heartbeat(settings, runner, self.engine, grpc_address, http_address)
-        frontend = WorkerFrontend(runner, self.engine, self.worker_id)
-        worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(frontend, self.heartbeat), self.server)
+        frontend = WorkerFrontend(
+            runner, self.engine, self.worker_id, compile_threads=settings.grammar_compile_threads
+        )
+        servicer = WorkerServicer(frontend, self.heartbeat, tool_format=settings.tool_call_format)
+        worker_pb2_grpc.add_WorkerServicer_to_server(servicer, self.server)
         self.health = add_health(self.server, [SERVICE_NAME])
         await self.server.start()
         await mark_serving(self.health, [SERVICE_NAME])

@@ -44,6 +44,11 @@ class WorkerSettings(ServiceSettings):
     l3_prefetch_threshold_tokens: int = Field(256, ge=0)
     l3_prefetch_timeout_base_s: float = Field(2.0, ge=0)
     l3_prefetch_timeout_per_ki_token_s: float = Field(0.1, ge=0)
+    grammar_cache_size: int = Field(256, gt=0, description="compiled output constraints kept (least recently used dropped)")
+    grammar_compile_threads: int = Field(2, gt=0, description="threads compiling output constraints beside the engine")
+    tool_call_format: str = Field(
+        "", description="hermes | llama3_json: the tool-call format whatever the chat template; empty: from the template"
+    )
     kv_events: bool = Field(True, description="publish KV cache events on cv.kv.events.<worker_id>")
     # A peer engine behind the worker contract (docs/engines.md): the worker fronts its server.
     engine: Literal["clairvoyant", "vllm", "sglang"] = Field(

@@ -106,7 +106,9 @@ class AsyncEngine:
         return await self.call(withdraw)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
-        """Submit ``request`` and yield its outputs; leaving early aborts it and frees its blocks.
+        """Submit ``request`` and yield its outputs; leaving early aborts it (every choice) and
+        frees its blocks.  With ``sampling.n`` > 1 the outputs of the choices interleave, each
+        tagged with its ``index``; the stream ends once every choice has finished.
 
         Errors from ``add_request`` (e.g. a prompt longer than the context window) are raised here,
         before any output.
@@ -118,13 +120,15 @@ class AsyncEngine:
             self._streams[request.request_id] = (asyncio.get_running_loop(), out)
         self._commands.put(_Add(request))
         finished = False
+        unfinished_choices = request.sampling.n
         try:
             while not finished:
                 item = await out.get()
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
-                finished = item.finished
+                unfinished_choices -= item.finished
+                finished = unfinished_choices == 0
                 yield item
         finally:
             if not finished:

@@ -12,12 +12,16 @@ import asyncio
 import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
+
+import xgrammar as xgr
 
 from clairvoyant.contracts.v1 import cachemgr_pb2
 from clairvoyant.core.context_window import check_context_window
 from clairvoyant.core.errors import InvalidRequest, Unavailable
+from clairvoyant.core.structured import OutputConstraint
 from clairvoyant.worker import metrics
 from clairvoyant.worker.core.engine import EngineRequest, RequestOutput
 from clairvoyant.worker.core.kv_transfer import (
@@ -68,11 +72,13 @@ class Frontend(Protocol):
 
 @dataclass(frozen=True)
 class PromptInput:
-    """Exactly one of the three is set."""
+    """Exactly one of ``messages``, ``text`` and ``token_ids`` is set.  ``tools`` (OpenAI function
+    tool dicts) go to the chat template with ``messages``."""
 
-    messages: Sequence[dict[str, str]] | None = None
+    messages: Sequence[dict[str, Any]] | None = None
     text: str | None = None
     token_ids: Sequence[int] | None = None
+    tools: Sequence[dict[str, Any]] | None = None
 
 
 _counter = itertools.count()
@@ -81,7 +87,9 @@ _counter = itertools.count()
 class WorkerFrontend:
     """One model runner and its engine loop, as both edges see them.  ``tokenize`` and
     ``build_request`` raise InvalidRequest (ContextLengthExceeded past the window) before the
-    engine sees anything; ``run`` streams until the request finishes or is cancelled."""
+    engine sees anything; ``run`` compiles the request's constraint (InvalidRequest when it does
+    not compile, before anything is queued), then streams until every choice finishes or the
+    request is cancelled."""
 
     def __init__(
         self,
@@ -90,13 +98,17 @@ class WorkerFrontend:
         worker_id: str,
         *,
         transfer_sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        compile_threads: int = 2,
     ) -> None:
         """``transfer_sleep``: how an import waits out the modelled transfer time of a runner
-        without tensors (``EmulatesKvTransfer``); tests pass one that records it."""
+        without tensors (``EmulatesKvTransfer``); tests pass one that records it.
+        ``compile_threads``: how many constraints compile at once."""
         self.runner = runner
         self.engine = engine
         self.worker_id = worker_id
         self._transfer_sleep = transfer_sleep
+        # Grammars compile here, never on the engine thread: other requests go on decoding.
+        self._compile_pool = ThreadPoolExecutor(max_workers=compile_threads, thread_name_prefix="grammar")
 
     @property
     def model_name(self) -> str:
@@ -114,6 +126,8 @@ class WorkerFrontend:
     def tokenize(self, prompt: PromptInput) -> list[int]:
         tokenizer = self.runner.tokenizer
         if prompt.messages is not None:
+            if prompt.tools:
+                return tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True, tools=prompt.tools)
             return tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True)
         if prompt.text is not None:
             return tokenizer.encode(prompt.text)
@@ -153,6 +167,11 @@ class WorkerFrontend:
         request.  Raises InvalidRequest."""
         if sampling.logprobs is not None and isinstance(self.runner, FastForwardRunner):
             raise InvalidRequest(f"logprobs: the {self.runner.info.name} runner computes no logits", param="logprobs")
+        if sampling.constraint is not None and isinstance(self.runner, FastForwardRunner):
+            raise InvalidRequest(
+                f"constrained output: the {self.runner.info.name} runner computes no logits to mask",
+                param="response_format",
+            )
         vocab = self.runner.info.vocab_size
         outside = [token for token, _ in sampling.logit_bias if token >= vocab]
         if outside:
@@ -210,8 +229,31 @@ class WorkerFrontend:
         handed_back = await self.engine.withdraw_unstarted(lambda _: self.draining_error())
         return len(handed_back)
 
+    async def compile_constraint(self, constraint: OutputConstraint) -> xgr.CompiledGrammar:
+        """``constraint`` compiled for this model (``core.grammar.GrammarCache``, shared with the
+        engine), on the compile pool; counts compiles and cache hits.  Raises InvalidRequest."""
+        grammars = self.engine.engine.grammars
+        start = time.perf_counter()
+        try:
+            compiled = await asyncio.get_running_loop().run_in_executor(
+                self._compile_pool, grammars.compile, constraint
+            )
+        except InvalidRequest:
+            metrics.GRAMMAR_COMPILES.labels(constraint.kind, "invalid").inc()
+            raise
+        if compiled.cache_hit:
+            metrics.GRAMMAR_CACHE_HITS.inc()
+        else:
+            metrics.GRAMMAR_COMPILES.labels(constraint.kind, "ok").inc()
+            metrics.GRAMMAR_COMPILE_SECONDS.observe(time.perf_counter() - start)
+        return compiled.grammar
+
     async def run(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
-        """Stream the request's outputs, recording latency metrics and the final status."""
+        """Stream the request's outputs (every choice's, tagged with its index), recording
+        latency metrics and the final status.  A constrained request's grammar compiles first."""
+        constraint = request.sampling.constraint
+        if constraint is not None and request.grammar is None:
+            request.grammar = await self.compile_constraint(constraint)
         async for output in observed(self.engine.generate(request)):
             yield output
 

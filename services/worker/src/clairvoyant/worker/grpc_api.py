@@ -2,41 +2,69 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
 from clairvoyant.contracts.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from clairvoyant.core.errors import ClairvoyantError, InvalidRequest
 from clairvoyant.core.grpc_errors import abort
+from clairvoyant.core.structured import ToolChoice
 from clairvoyant.core.telemetry import extract_context, tracer
-from clairvoyant.core.wire import constraint_from_proto
+from clairvoyant.core.wire import (
+    constraint_from_proto,
+    tool_call_from_proto,
+    tool_choice_from_proto,
+    tool_from_proto,
+)
 from clairvoyant.worker.block_hashes import SequenceHasher
 from clairvoyant.worker.core.kv_transfer import KvTransferError
 from clairvoyant.worker.core.sampling import SamplingParams, TokenLogprob
 from clairvoyant.worker.core.sequence import Lineage
+from clairvoyant.worker.core.types import RequestOutput
 from clairvoyant.worker.directives import DirectiveRejected
 from clairvoyant.worker.frontend import Frontend, PromptInput, WorkerFrontend
 from clairvoyant.worker.heartbeat import Heartbeat
 from clairvoyant.worker.kv_wire import PrefixAssembler
 from clairvoyant.worker.metrics import DIRECTIVES
+from clairvoyant.worker.runners.tokenizer import template_source
+from clairvoyant.worker.tools import (
+    ToolCallParser,
+    ToolFormat,
+    chat_turn,
+    format_for_template,
+    tool_constraint,
+)
 
 logger = logging.getLogger(__name__)
 _tracer = tracer(__name__)
 
 
 def prompt_input(msg: worker_pb2.GenerateRequest | worker_pb2.PrefillRequest) -> PromptInput:
+    """The prompt as the frontend takes it; a chat's turns as chat templates read them (OpenAI's
+    message shape: an assistant turn's ``tool_calls``, a tool turn's ``tool_call_id``), with the
+    request's tools as OpenAI tool dicts."""
     kind = msg.WhichOneof("input")
     if kind == "chat":
-        return PromptInput(messages=[{"role": m.role, "content": m.content} for m in msg.chat.messages])
+        tools = [tool_from_proto(t).openai() for t in msg.tools] if isinstance(msg, worker_pb2.GenerateRequest) else []
+        return PromptInput(messages=[chat_message(m) for m in msg.chat.messages], tools=tools or None)
     if kind == "prompt":
         return PromptInput(text=msg.prompt)
     if kind == "token_ids":
         return PromptInput(token_ids=list(msg.token_ids.ids))
     raise InvalidRequest("one of chat, prompt or token_ids is required", param="input")
+
+
+def chat_message(msg: common_pb2.ChatMessage) -> dict[str, Any]:
+    """One turn as templates read it (``tools.chat_turn``)."""
+    calls = [tool_call_from_proto(call) for call in msg.tool_calls]
+    return chat_turn(msg.role, msg.content, calls, msg.tool_call_id if msg.HasField("tool_call_id") else None)
 
 
 def sampling_params(msg: common_pb2.SamplingParams, default_max_tokens: int) -> SamplingParams:
@@ -86,10 +114,108 @@ def lineage(tenant: str, meta: common_pb2.AppMetadata, request_id: str) -> Linea
     )
 
 
+@dataclass
+class _Choice:
+    """One choice's progress through the stream."""
+
+    parser: ToolCallParser | None  # None: the request's calls are not parsed
+    output_ids: list[int] = field(default_factory=list)
+    finished: bool = False
+    completion_tokens: int = 0
+
+
+class _Stream:
+    """Turns the engine's outputs of one request (all its choices, interleaved) into replies:
+    each choice's text through its own tool-call parser, ``finish_reason`` on each choice's last
+    reply, and what counts the whole request once every choice has finished."""
+
+    def __init__(self, request_id: str, n: int, new_parser: Callable[[], ToolCallParser] | None) -> None:
+        self.request_id = request_id
+        self.choices = [_Choice(new_parser() if new_parser else None) for _ in range(n)]
+        self.awaiting_first_token = True
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+
+    @property
+    def all_finished(self) -> bool:
+        return all(choice.finished for choice in self.choices)
+
+    def reply(self, out: RequestOutput) -> worker_pb2.GenerateResponse:
+        choice = self.choices[out.index]
+        choice.output_ids.extend(out.new_token_ids)
+        reply = worker_pb2.GenerateResponse(request_id=self.request_id, token_ids=out.new_token_ids, index=out.index)
+        text = out.new_text
+        if choice.parser is not None:
+            parsed = choice.parser.feed(text)
+            text, calls = parsed.text, list(parsed.calls)
+            if out.finished:
+                rest = choice.parser.finish()
+                text, calls = text + rest.text, calls + list(rest.calls)
+            reply.tool_calls.extend(
+                common_pb2.ToolCallDelta(index=c.index, id=c.id, name=c.name, arguments=c.arguments) for c in calls
+            )
+        reply.text = text
+        if self.awaiting_first_token:
+            reply.prompt_tokens = out.prompt_tokens
+            self.awaiting_first_token = not out.new_token_ids
+        if out.finished:
+            choice.finished = True
+            choice.completion_tokens = out.completion_tokens
+            made_calls = choice.parser is not None and choice.parser.calls_made > 0
+            reply.finish_reason = out.finish_reason or "stop"
+            if reply.finish_reason == "stop" and made_calls:
+                reply.finish_reason = "tool_calls"
+            if out.stop_sequence is not None:
+                reply.stop_sequence = out.stop_sequence
+            if out.index == 0:
+                self.prompt_tokens, self.cached_tokens = out.prompt_tokens, out.cached_tokens
+        return reply
+
+    def usage(self) -> common_pb2.Usage:
+        """The prompt once, every choice's completion tokens."""
+        completion = sum(choice.completion_tokens for choice in self.choices)
+        return common_pb2.Usage(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=completion,
+            total_tokens=self.prompt_tokens + completion,
+            cached_tokens=self.cached_tokens,
+        )
+
+
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, frontend: Frontend, heartbeat: Heartbeat) -> None:
+    def __init__(self, frontend: Frontend, heartbeat: Heartbeat, *, tool_format: str = "") -> None:
+        """``tool_format``: the tool-call format to use whatever the chat template (``tools.TOOL_FORMATS``);
+        "" chooses it from the template."""
         self.frontend = frontend
         self.heartbeat = heartbeat
+        self._tool_format = tool_format
+        format_for_template(None, tool_format)  # an unknown name fails at start-up
+
+    def tool_format(self) -> ToolFormat:
+        """The call format (``tools.format_for_template``): from our runner's chat template; a peer
+        engine's template is not ours to read (Hermes, unless the setting names one)."""
+        template = None
+        if isinstance(self.frontend, WorkerFrontend):
+            template = template_source(self.frontend.runner.tokenizer)
+        return format_for_template(template, self._tool_format)
+
+    def _tools(
+        self, request: worker_pb2.GenerateRequest, sampling: SamplingParams
+    ) -> tuple[SamplingParams, Callable[[], ToolCallParser] | None]:
+        """The sampling parameters with the tools' grammar, and how to parse each choice's calls
+        (None: not parsed).  Raises InvalidRequest."""
+        tools = [tool_from_proto(t) for t in request.tools]
+        choice = tool_choice_from_proto(request.tool_choice) if request.HasField("tool_choice") else ToolChoice()
+        if choice.mode == "none" or (not tools and choice.mode == "auto"):
+            return sampling, None
+        if tools and sampling.constraint is not None:
+            raise InvalidRequest(
+                "response_format cannot be combined with tools (unless tool_choice is none)", param="response_format"
+            )
+        fmt = self.tool_format()
+        parallel = request.parallel_tool_calls if request.HasField("parallel_tool_calls") else True
+        constraint = tool_constraint(fmt, tools, choice, parallel)
+        return dataclasses.replace(sampling, constraint=constraint), lambda: ToolCallParser(fmt)
 
     async def Generate(  # noqa: N802 - gRPC method name
         self, request: worker_pb2.GenerateRequest, context: grpc.aio.ServicerContext
@@ -119,6 +245,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     )
                 ids = await self.frontend.encode(prompt_input(request))
                 sampling = sampling_params(request.sampling, self.frontend.default_max_tokens(len(ids)))
+                sampling, new_parser = self._tools(request, sampling)
                 engine_request = self.frontend.build_request(
                     request_id,
                     ids,
@@ -136,43 +263,29 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             span.set_attribute("cv.prompt_tokens", len(ids))
             span.set_attribute("cv.base_priority", request.base_priority)
             span.set_attribute("cv.scheduler_preset", request.scheduler_preset)
-            first = True
             start = time.monotonic()
             hasher = SequenceHasher(ids)  # the prompt's chain, hashed while the engine prefills
-            output_ids: list[int] = []
+            stream = _Stream(request_id, sampling.n, new_parser)
             try:
                 async for out in self.frontend.run(engine_request):
-                    output_ids.extend(out.new_token_ids)
-                    reply = worker_pb2.GenerateResponse(
-                        request_id=request_id, text=out.new_text, token_ids=out.new_token_ids
-                    )
+                    reply = stream.reply(out)
                     if out.logprobs:
                         reply.logprobs.extend(logprobs_proto(out.logprobs, self.frontend.token_text))
-                    if first:
-                        reply.prompt_tokens = out.prompt_tokens
-                        if out.new_token_ids:
-                            span.add_event("first_token", {"cv.prefill_s": time.monotonic() - start})
-                            first = False
-                    if out.finished:
-                        reply.finish_reason = out.finish_reason or "stop"
-                        if out.stop_sequence is not None:
-                            reply.stop_sequence = out.stop_sequence
-                        reply.usage.CopyFrom(
-                            common_pb2.Usage(
-                                prompt_tokens=out.prompt_tokens,
-                                completion_tokens=out.completion_tokens,
-                                total_tokens=out.prompt_tokens + out.completion_tokens,
-                                cached_tokens=out.cached_tokens,
-                            )
-                        )
-                        prompt_hashes, response_hashes = await hasher.finish(output_ids)
+                    if reply.HasField("prompt_tokens") and out.new_token_ids:  # the first token
+                        span.add_event("first_token", {"cv.prefill_s": time.monotonic() - start})
+                    if stream.all_finished:
+                        reply.usage.CopyFrom(stream.usage())
+                        prompt_hashes, response_hashes = await hasher.finish(stream.choices[0].output_ids)
                         reply.prompt_block_hashes.extend(prompt_hashes)
                         reply.response_block_hashes.extend(response_hashes)
                         reply.prompt_token_ids.extend(ids)  # the cache manager's workflow history
-                        span.set_attribute("cv.completion_tokens", out.completion_tokens)
-                        span.set_attribute("cv.cached_tokens", out.cached_tokens)
+                        span.set_attribute("cv.completion_tokens", reply.usage.completion_tokens)
+                        span.set_attribute("cv.cached_tokens", reply.usage.cached_tokens)
                     yield reply
             except ClairvoyantError as err:  # a drain handed it back (Unavailable), or the engine refused it
+                if new_parser is not None and isinstance(err, InvalidRequest) and err.param == "response_format":
+                    # The grammar that did not compile is the tools' (no response_format comes with them).
+                    err = InvalidRequest(f"a tool's parameters schema: {err.message}", param="tools", code=err.code)
                 await abort(context, err)
             except ValueError as exc:  # the engine refused it (e.g. larger than the whole KV pool)
                 await abort(context, InvalidRequest(str(exc), param="messages"))

@@ -43,6 +43,7 @@ from clairvoyant.worker.core.engine import RequestOutput
 from clairvoyant.worker.core.sampling import SamplingParams
 from clairvoyant.worker.frontend import PromptInput, WorkerFrontend
 from clairvoyant.worker.heartbeat import Heartbeat
+from clairvoyant.worker.tools import chat_turn
 
 MAX_JSON_DEPTH = 64  # the gateway's default CV_MAX_JSON_DEPTH
 # Routers in front of a worker (sglang-router) re-encode requests with fields of their own
@@ -130,7 +131,11 @@ def create_app(frontend: WorkerFrontend, heartbeat: Heartbeat) -> FastAPI:
     async def chat(request: Request) -> Response:
         body = validate_body(decode_json(await request.body(), MAX_JSON_DEPTH), ChatCompletionBody, LIMITS)
         turns = body.turns()
-        prompt = PromptInput(messages=[{"role": turn.role, "content": turn.content} for turn in turns])
+        tools = [tool.spec().openai() for tool in body.tools or ()]
+        prompt = PromptInput(
+            messages=[chat_turn(turn.role, turn.content, turn.tool_calls, turn.tool_call_id) for turn in turns],
+            tools=tools or None,  # rendered as the template does; tool_choice "none" is all that is served
+        )
         return await _generate(body, prompt, chat=True)
 
     @app.post("/v1/completions", response_model=None)
@@ -147,6 +152,11 @@ def create_app(frontend: WorkerFrontend, heartbeat: Heartbeat) -> FastAPI:
             raise InvalidRequest(
                 "logprobs are served through the gateway, not a worker's own endpoint",
                 param="logprobs", code="unsupported_parameter",
+            )  # fmt: skip
+        for param in body.structured_params():  # several choices, tool calls, output constraints
+            raise InvalidRequest(
+                f"{param} is served through the gateway, not a worker's own endpoint",
+                param=param, code="unsupported_parameter",
             )  # fmt: skip
         ids = await frontend.encode(prompt)
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"

@@ -44,6 +44,16 @@ DIRECTIVE_MESSAGES_INVALID = Counter(
     "cv_worker_directive_messages_invalid_total", "Directive messages on NATS that could not be decoded"
 )
 
+# Constrained decoding (core/grammar.py): compiles by constraint kind and outcome (ok, invalid)
+GRAMMAR_COMPILES = Counter(
+    "cv_worker_grammar_compiles_total", "Output constraints compiled into grammars", ["kind", "outcome"]
+)
+GRAMMAR_CACHE_HITS = Counter("cv_worker_grammar_cache_hits_total", "Output constraints served from the grammar cache")
+GRAMMAR_COMPILE_SECONDS = Histogram(
+    "cv_worker_grammar_compile_seconds", "Time to compile one output constraint",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+
 
 def record_stats(stats: EngineStats) -> None:
     """The engine loop's ``on_step``: the gauges follow the engine after every step."""

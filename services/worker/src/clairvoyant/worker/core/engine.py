@@ -20,6 +20,9 @@ from collections.abc import Sequence as Tokens
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+import torch
+import xgrammar as xgr
+
 from clairvoyant.core.context_window import check_context_window
 from clairvoyant.worker.core.block_manager import BlockManager
 from clairvoyant.worker.core.decode_run import (
@@ -29,8 +32,10 @@ from clairvoyant.worker.core.decode_run import (
     replay_block_events,
 )
 from clairvoyant.worker.core.detokenize import IncrementalDetokenizer, NoText
+from clairvoyant.worker.core.grammar import GrammarCache, TokenMasks, allows_only
 from clairvoyant.worker.core.l3 import L3Store
 from clairvoyant.worker.core.sampling import (
+    SampleRow,
     SamplingParams,
     TokenLogprob,
     make_generator,
@@ -104,10 +109,12 @@ class LLMEngine:
         l3: L3Store | None = None,
         executor: Executor | None = None,
         kv_events: bool = False,
+        grammars: GrammarCache | None = None,
     ) -> None:
         """``l3``: the shared store (needs an L2, ``config.tiers.num_host_blocks``); ``executor``
         runs L3 calls (default: inline, for the simulator and tests; the worker passes a thread);
-        ``kv_events``: record ``KvEvent``s for ``drain_kv_events``."""
+        ``kv_events``: record ``KvEvent``s for ``drain_kv_events``; ``grammars``: compiles the
+        constraints of requests added without their grammar (default: a cache of its own)."""
         self.runner = runner
         self.config = config
         self.clock = clock
@@ -130,7 +137,8 @@ class LLMEngine:
             self.scheduler.tiers = self.tiers
         self._next_background = 0
         self.last_schedule = SchedulerOutput()  # diagnostics of the latest step
-        self._seqs: dict[str, Sequence] = {}  # live requests (waiting or running)
+        # live requests -> their live choices (waiting, running, or deferred: ``add_request``)
+        self._seqs: dict[str, list[Sequence]] = {}
         self._aborted: list[RequestOutput] = []  # final outputs to deliver on the next step
         self._next_seq_id = 0
         self._prompt_tokens_total = 0
@@ -138,11 +146,18 @@ class LLMEngine:
         self._cached_prompt_tokens_total = 0
         self._generated_tokens_total = 0
         self._fast_forward = isinstance(runner, FastForwardRunner)  # once: a Protocol check is slow
+        self.grammars = grammars if grammars is not None else GrammarCache(runner.tokenizer, runner.info)
+        self.masks = TokenMasks(runner.info.vocab_size)  # the token bitmasks of constrained rows
 
     # ---- requests ------------------------------------------------------------------------------
     def add_request(self, req: EngineRequest) -> None:
         """Queue a request.  Raises ContextLengthExceeded (``check_context_window``) past the context
-        window, ValueError for the rest."""
+        window, InvalidRequest for a constraint that does not compile, ValueError for the rest.
+
+        With ``sampling.n`` > 1 the request has n choices, one sequence each.  Choice 0 prefills
+        the prompt; the others are deferred until it has computed the prompt, then join the queue
+        and take its whole blocks from the prefix cache (each recomputes only the prompt's last,
+        partial block).  Choice i samples with seed ``seed + i`` (or its own derived seed)."""
         prompt_len, max_tokens = len(req.prompt_token_ids), req.sampling.max_tokens
         if prompt_len == 0:
             raise ValueError("prompt must contain at least one token")
@@ -163,38 +178,73 @@ class LLMEngine:
         if not req.detokenize and req.sampling.stop:
             raise ValueError("stop strings need text: a request with detokenize=False cannot have them")
         params = req.sampling
+        grammar = req.grammar
+        if params.constraint is not None:
+            if self._fast_forward:
+                raise ValueError(f"the {info.name} runner computes no logits: it cannot constrain the output")
+            if grammar is None:
+                grammar = self.grammars.compile(params.constraint).grammar
+        arrival = self.clock() if req.arrival_time is None else req.arrival_time
+        choices = [self._new_choice(req, index, arrival, grammar) for index in range(params.n)]
+        first = choices[0]
+        first.deferred_choices = choices[1:]
+        self._seqs[req.request_id] = choices
+        self._prompt_tokens_total += prompt_len
+        self.scheduler.follow_preset(req.scheduler_preset)
+        self.scheduler.add(first)
+        if self.tiers is not None:
+            self.tiers.on_arrival(first, arrival)
+
+    def _new_choice(
+        self, req: EngineRequest, index: int, arrival: float, grammar: xgr.CompiledGrammar | None
+    ) -> Sequence:
+        params = req.sampling
         generator = None
         if not params.greedy:
-            generator = make_generator(params.seed if params.seed is not None else self._derive_seed(req))
+            seed = params.seed + index if params.seed is not None else self._derive_seed(req, index)
+            generator = make_generator(seed)
         seq = Sequence(
             seq_id=self._next_seq_id,
             request=req,
-            arrival_time=self.clock() if req.arrival_time is None else req.arrival_time,
+            arrival_time=arrival,
             generator=generator,
             detokenizer=IncrementalDetokenizer(self.runner.tokenizer, req.prompt_token_ids, params.stop)
             if req.detokenize
             else NoText(),
-            eos_token_ids=info.eos_token_ids,
+            eos_token_ids=self.runner.info.eos_token_ids,
+            index=index,
+            matcher=None if grammar is None else xgr.GrammarMatcher(grammar),
         )
         self._next_seq_id += 1
-        self._seqs[req.request_id] = seq
-        self._prompt_tokens_total += prompt_len
-        self.scheduler.follow_preset(req.scheduler_preset)
-        self.scheduler.add(seq)
-        if self.tiers is not None:
-            self.tiers.on_arrival(seq, seq.arrival_time)
+        return seq
+
+    def _release_deferred(self, seq: Sequence) -> None:
+        """Queue the choices deferred behind ``seq``, now that its prompt is computed (and its
+        whole blocks cached)."""
+        for choice in seq.deferred_choices:
+            self.scheduler.add(choice)
+            if self.tiers is not None:
+                self.tiers.on_arrival(choice, choice.arrival_time)
+        seq.deferred_choices = []
 
     def abort_request(self, request_id: str) -> bool:
-        """Release the request's blocks now; its final output (reason "abort") comes on the next step."""
-        seq = self._seqs.pop(request_id, None)
-        if seq is None:
+        """Release the request's blocks now; the final output (reason "abort") of each of its
+        unfinished choices comes on the next step."""
+        choices = self._seqs.pop(request_id, None)
+        if choices is None:
             return False
-        self.scheduler.remove(seq)
-        seq.finish_reason = "abort"
-        if self.tiers is not None:
-            self.tiers.forget(seq)
-        if not seq.background:
-            self._aborted.append(self._output(seq, [], "", True))
+        deferred = {id(seq) for choice in choices for seq in choice.deferred_choices}
+        for seq in choices:
+            if id(seq) in deferred:  # never queued: nothing to release
+                seq.status = SequenceStatus.FINISHED
+            else:
+                self.scheduler.remove(seq)
+                if self.tiers is not None:
+                    self.tiers.forget(seq)
+            seq.finish_reason = "abort"
+            seq.deferred_choices = []
+            if not seq.background:
+                self._aborted.append(self._output(seq, [], "", True))
         return True
 
     # ---- the background lane and directives ----------------------------------------------------
@@ -216,7 +266,7 @@ class LLMEngine:
         seq = Sequence(self._next_seq_id, request, self.clock(), None, NoText(), ())
         seq.background = True
         self._next_seq_id += 1
-        self._seqs[request.request_id] = seq
+        self._seqs[request.request_id] = [seq]
         self.scheduler.add(seq)
         return request.request_id
 
@@ -284,11 +334,17 @@ class LLMEngine:
         before its first token) and return their ids, in queue order.  They hold no blocks and
         get no final output: the caller tells their owners (a draining worker hands them back to
         be placed elsewhere).  A preempted request that already produced tokens stays."""
-        withdrawn = [seq for seq in self.scheduler.waiting if seq.num_output_tokens == 0]
+        # A request with n choices is unstarted while choice 0 waits with the others deferred.
+        withdrawn = [
+            seq for seq in self.scheduler.waiting
+            if seq.num_output_tokens == 0 and len(seq.deferred_choices) == len(self._seqs[seq.request_id]) - 1
+        ]  # fmt: skip
         for seq in withdrawn:
             del self._seqs[seq.request_id]
             self.scheduler.remove(seq)
-            seq.finish_reason = "abort"
+            for choice in (seq, *seq.deferred_choices):
+                choice.status, choice.finish_reason = SequenceStatus.FINISHED, "abort"
+            seq.deferred_choices = []
         return [seq.request_id for seq in withdrawn]
 
     def has_unfinished(self) -> bool:
@@ -320,7 +376,7 @@ class LLMEngine:
             logprobs = [None] * len(token_ids)
         else:
             logits = self.runner.forward(items)
-            token_ids = sample(logits, [seq.sample_row() for seq in samplers])
+            token_ids = sample(*self._constrain(logits, samplers))
             logprobs = [
                 None if seq.params.logprobs is None else token_logprobs(logits[i], token_ids[i], seq.params.logprobs)
                 for i, seq in enumerate(samplers)
@@ -333,6 +389,10 @@ class LLMEngine:
         for seq, token_id, logprob in zip(samplers, token_ids, logprobs, strict=True):
             outputs.append(self._append_token(seq, token_id, now, logprob))
         for seq, _ in batch.chunks:
+            if seq.deferred_choices and seq.num_computed_tokens >= seq.prompt_len:
+                if not seq.is_finished:
+                    self.kv.cache_computed_blocks(seq)
+                self._release_deferred(seq)
             if seq.is_finished:
                 continue
             self.kv.cache_computed_blocks(seq)
@@ -342,6 +402,26 @@ class LLMEngine:
         if tiers is not None:
             tiers.after_step(seq for seq, _ in batch.chunks)
         return outputs
+
+    def _constrain(self, logits: torch.Tensor, samplers: list[Sequence]) -> tuple[torch.Tensor, list[SampleRow]]:
+        """The logits to sample from, with each constrained row's disallowed tokens at -inf, and
+        the rows' sampling inputs.  ``logits`` itself stays the model's (log probabilities read it)."""
+        constrained = [i for i, seq in enumerate(samplers) if seq.matcher is not None]
+        if not constrained:
+            return logits, [seq.sample_row() for seq in samplers]
+        matchers = [cast(xgr.GrammarMatcher, samplers[i].matcher) for i in constrained]
+        bitmask = self.masks.fill(len(samplers), constrained, matchers)
+        masked = logits.detach().to(dtype=torch.float32, copy=True)  # on the logits' device
+        self.masks.apply(masked, bitmask, constrained)
+        rows = []
+        for i, seq in enumerate(samplers):
+            grammar_ends = (
+                seq.matcher is not None
+                and seq.num_output_tokens < seq.params.min_tokens
+                and allows_only(bitmask[i], seq.eos_token_ids)
+            )
+            rows.append(seq.sample_row(grammar_ends))
+        return masked, rows
 
     # ---- decode runs (core/decode_run.py) ------------------------------------------------------
     def plan_decode_run(self, max_steps: int = 1 << 20) -> DecodeRun | None:
@@ -418,7 +498,14 @@ class LLMEngine:
 
     def _finish_by_length(self, seq: Sequence) -> None:
         seq.finish_reason = "length"
-        del self._seqs[seq.request_id]
+        self._finish(seq)
+
+    def _finish(self, seq: Sequence) -> None:
+        """Take a finished choice out of its request (the request ends with its last choice)."""
+        choices = self._seqs[seq.request_id]
+        choices.remove(seq)
+        if not choices:
+            del self._seqs[seq.request_id]
         self.scheduler.remove(seq)
 
     def _append_token(
@@ -431,7 +518,13 @@ class LLMEngine:
             seq.first_token_time = now
         reason: FinishReason | None = None
         detok = seq.detokenizer
-        if token_id in seq.eos_token_ids and not params.ignore_eos:
+        matcher = seq.matcher
+        # A grammar that accepted a stop token, or cannot take this one, ends the output.
+        grammar_done = matcher is not None and (not matcher.accept_token(token_id) or matcher.is_terminated())
+        if grammar_done and token_id in seq.eos_token_ids:
+            reason = "stop"
+            text = ""
+        elif token_id in seq.eos_token_ids and not params.ignore_eos:
             reason = "stop"  # min_tokens is enforced by the sampler, which bans EOS until then
             text = ""
         elif detok.wants_tokens:
@@ -441,13 +534,14 @@ class LLMEngine:
                 reason = "stop"
         else:
             text = ""
+        if reason is None and grammar_done:
+            reason = "stop"
         if reason is None and seq.num_output_tokens >= params.max_tokens:
             reason = "length"
         if reason is not None:
             text += detok.flush()
             seq.finish_reason = reason
-            del self._seqs[seq.request_id]
-            self.scheduler.remove(seq)
+            self._finish(seq)
         output = self._output(seq, [token_id], text, reason is not None, () if logprob is None else (logprob,))
         if detok.stopped:
             output.stop_sequence = detok.matched_stop
@@ -459,11 +553,12 @@ class LLMEngine:
         # Positional (in field order): one of these per row per step.
         return RequestOutput(
             seq.request_id, new_token_ids, text, finished, seq.finish_reason, seq.prompt_len,
-            seq.cached_tokens or 0, seq.num_output_tokens, seq.first_token_time, logprobs,
+            seq.cached_tokens or 0, seq.num_output_tokens, seq.first_token_time, logprobs, None, seq.index,
         )  # fmt: skip
 
-    def _derive_seed(self, req: EngineRequest) -> int:
-        digest = hashlib.blake2b(f"{self.config.seed}:{req.request_id}".encode(), digest_size=8).digest()
+    def _derive_seed(self, req: EngineRequest, index: int = 0) -> int:
+        key = f"{self.config.seed}:{req.request_id}" + (f":{index}" if index else "")
+        digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
         return int.from_bytes(digest, "little") & (2**63 - 1)
 
     # ---- introspection -------------------------------------------------------------------------
@@ -506,8 +601,11 @@ class LLMEngine:
         assert all(s.status is SequenceStatus.RUNNING for s in running)
         assert all(s.status is SequenceStatus.WAITING and not s.block_table for s in waiting)
         assert len(running) <= self.config.max_num_seqs
-        live = {s.request_id for s in running} | {s.request_id for s in waiting}
-        assert live == set(self._seqs) and len(live) == len(running) + len(waiting)
+        deferred = [d for s in (*running, *waiting) for d in s.deferred_choices]
+        assert all(s.status is SequenceStatus.WAITING and not s.block_table for s in deferred)
+        live = {id(s) for s in (*running, *waiting, *deferred)}
+        assert live == {id(s) for choices in self._seqs.values() for s in choices}
+        assert len(live) == len(running) + len(waiting) + len(deferred)
         for seq in running:
             assert seq.num_uncomputed_tokens >= 1, seq
         assert self.scheduler.num_background == sum(s.background for s in (*running, *waiting))

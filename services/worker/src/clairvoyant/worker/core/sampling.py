@@ -3,8 +3,10 @@
 Each request that samples (temperature > 0) owns a ``torch.Generator`` seeded once, so its tokens
 depend only on its own logits and seed: not on batch composition, preemption or prefix-cache hits.
 
-Before a token is picked (greedy or sampled), a row's logits are adjusted in this order, as vLLM
-does (``vllm/v1/sample/ops/penalties.py``; OpenAI's API reference for the first two):
+Before a token is picked (greedy or sampled), a constrained row's logits are masked (tokens its
+grammar disallows at -inf, ``core/grammar.py``, applied by the engine before ``sample``), then
+adjusted in this order, as vLLM does (``vllm/v1/sample/ops/penalties.py``; OpenAI's API reference
+for the first two):
 
 1. ``repetition_penalty`` r (vLLM's and SGLang's extension, 1 = off) on every token of the prompt
    and the output so far: a positive logit is divided by r, a negative one multiplied by r;

@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 
 import torch
+import xgrammar as xgr
 
 from clairvoyant.worker.core.detokenize import Detokenizer
 from clairvoyant.worker.core.radix_cache import BlockTag
@@ -38,7 +39,12 @@ class Sequence:
         generator: torch.Generator | None,
         detokenizer: Detokenizer,
         eos_token_ids: tuple[int, ...],
+        *,
+        index: int = 0,
+        matcher: xgr.GrammarMatcher | None = None,
     ) -> None:
+        """``index``: the choice of its request (``SamplingParams.n``); ``matcher``: the grammar
+        state of a constrained request, advanced once per appended token."""
         self.seq_id = seq_id
         self.request_id = request.request_id
         self.params: SamplingParams = request.sampling
@@ -64,6 +70,10 @@ class Sequence:
         self.detokenizer = detokenizer
         self.eos_token_ids = eos_token_ids
         self.background = False  # a pre-prefill: computes K/V only while nothing else can run
+        self.index = index
+        self.matcher = matcher
+        # Choices 1..n-1, held back until this one (choice 0) has computed the prompt (engine.py)
+        self.deferred_choices: list[Sequence] = []
 
     @property
     def namespace(self) -> str | None:
@@ -86,9 +96,12 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
-    def sample_row(self) -> SampleRow:
-        """Sampling inputs for the next token: EOS is banned until ``min_tokens`` were generated."""
-        suppress = not self.params.ignore_eos and self.num_output_tokens < self.params.min_tokens
+    def sample_row(self, grammar_ends: bool = False) -> SampleRow:
+        """Sampling inputs for the next token: EOS is banned until ``min_tokens`` were generated,
+        unless the grammar allows nothing else (``grammar_ends``)."""
+        suppress = (
+            not self.params.ignore_eos and self.num_output_tokens < self.params.min_tokens and not grammar_ends
+        )
         suppressed = self.eos_token_ids if suppress else ()
         if not self.params.adjusts_logits:
             return SampleRow(self.params, self.generator, suppressed)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+import xgrammar as xgr
+
 from clairvoyant.worker.core.sampling import SamplingParams, TokenLogprob
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -39,6 +41,8 @@ class EngineRequest:
     # Its program's completed calls' waiting and service time at the placement (engine rules read them)
     program_wait_s: float = 0.0
     program_service_s: float = 0.0
+    # sampling.constraint compiled (core/grammar.py); None: the engine compiles it when added
+    grammar: xgr.CompiledGrammar | None = None
 
 
 @dataclass

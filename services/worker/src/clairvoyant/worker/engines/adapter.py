@@ -27,6 +27,28 @@ INT64_MAX = (1 << 63) - 1
 PRIORITY_SCALE = 1_000_000
 
 
+def openai_messages(messages: Sequence[Mapping[str, object]]) -> list[dict[str, object]]:
+    """Chat turns as an OpenAI-compatible server validates them: a past call's ``arguments`` as JSON
+    text.  The worker hands templates the arguments as an object (``tools.chat_turn``); vLLM's and
+    SGLang's request schemas take a string and parse it for their templates themselves."""
+    out = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if isinstance(calls, list) and calls:
+            message = {**message, "tool_calls": [_string_arguments(call) for call in calls]}
+        out.append(dict(message))
+    return out
+
+
+def _string_arguments(call: object) -> object:
+    if not isinstance(call, dict):
+        return call
+    function = call.get("function")
+    if not isinstance(function, dict) or isinstance(function.get("arguments"), str):
+        return call
+    return {**call, "function": {**function, "arguments": json.dumps(function.get("arguments"))}}
+
+
 def integer_priority(priority: float, *, lower_first: bool) -> int:
     """``priority`` (larger = more urgent) as an engine's integer priority: negated for an engine
     that serves lower values first (vLLM), clamped to int64."""

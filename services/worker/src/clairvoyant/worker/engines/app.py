@@ -146,7 +146,7 @@ class ExternalWorkerApp:
             block_size=self.frontend.engine_block_size or None,
         )  # fmt: skip
         worker_pb2_grpc.add_WorkerServicer_to_server(
-            WorkerServicer(self.frontend, self.heartbeat), self.server
+            WorkerServicer(self.frontend, self.heartbeat, tool_format=self.settings.tool_call_format), self.server
         )
         self.health = add_health(self.server, [SERVICE_NAME])
         await self.server.start()

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import httpx
 
 from clairvoyant.contracts.v1 import cachemgr_pb2
-from clairvoyant.core.errors import Unavailable
+from clairvoyant.core.errors import InvalidRequest, Unavailable
 from clairvoyant.worker import metrics
 from clairvoyant.worker.core.sampling import SamplingParams
 from clairvoyant.worker.core.sequence import Lineage
@@ -111,8 +111,11 @@ class ExternalFrontend:
         program_wait_s: float = 0.0,
         program_service_s: float = 0.0,
     ) -> EngineRequest:
-        """Checks the context window.  The engine ranks by ``priority`` alone: the preset's
-        engine rule and the program times are ours, and have no counterpart there."""
+        """Checks the context window, and refuses ``n`` > 1 (the adapters stream one choice per
+        request).  The engine ranks by ``priority`` alone: the preset's engine rule and the
+        program times are ours, and have no counterpart there."""
+        if sampling.n > 1:
+            raise InvalidRequest(f"n > 1: the worker fronting {self.adapter.name} serves one choice per request", param="n")
         return new_request(
             self.max_model_len, request_id, prompt_ids, sampling, priority=priority, lineage=lineage
         )

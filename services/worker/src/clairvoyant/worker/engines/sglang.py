@@ -20,8 +20,11 @@ What maps to what (SGLang 0.5.23; paths are under ``python/sglang/`` in its repo
                       the final text (``srt/managers/detokenizer_manager.py``): text that may begin
                       a stop string is held back here until the next chunk settles it
     tokenize          POST /v1/tokenize: ``prompt`` (with the tokenizer's special tokens), or
-                      ``messages`` rendered as a chat completion renders them
+                      ``messages`` (and ``tools``) rendered as a chat completion renders them
                       (``srt/entrypoints/openai/serving_tokenize.py``)
+    constraints       sampling_params ``json_schema``, ``regex``, ``ebnf`` or ``structural_tag``
+                      (``constraint_params``)
+    n > 1             refused (``ExternalFrontend.build_request``): one stream is one choice
     priority          ``--enable-priority-scheduling``; SGLang serves HIGHER values first unless
                       ``--schedule-low-priority-values-first`` (``srt/arg_groups/fields/schedule.py``)
     KV events         ``--kv-events-config`` {publisher zmq, endpoint, topic, bind false}: the
@@ -44,6 +47,8 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 import httpx
 
 from clairvoyant.core.errors import InvalidRequest, Unavailable
+from clairvoyant.core.structured import OutputConstraint
+from clairvoyant.worker.core.grammar import choice_regex
 from clairvoyant.worker.core.sampling import TokenLogprob
 from clairvoyant.worker.core.types import EngineStats, RequestOutput
 from clairvoyant.worker.engines.adapter import (
@@ -52,6 +57,7 @@ from clairvoyant.worker.engines.adapter import (
     LaunchSpec,
     Metrics,
     integer_priority,
+    openai_messages,
     raise_for_engine,
     sse_events,
     stream_output,
@@ -59,6 +65,24 @@ from clairvoyant.worker.engines.adapter import (
 from clairvoyant.worker.frontend import PromptInput
 
 PAGE_SIZE = 16  # SGLang's KV page, in tokens: our re-hashed block (kv_bridge needs a multiple of 16)
+
+
+def constraint_params(constraint: OutputConstraint) -> dict[str, str]:
+    """A constraint as SGLang's sampling params (``srt/sampling/sampling_params.py``: one of
+    ``json_schema``, ``regex``, ``ebnf``, ``structural_tag``).  SGLang has no ``json_object`` or
+    ``choice``: they go as the schema ``{"type": "object"}`` and an alternation regex."""
+    kind, spec = constraint.kind, constraint.spec
+    if kind == "json_schema":
+        return {"json_schema": spec}
+    if kind == "json_object":
+        return {"json_schema": '{"type": "object"}'}
+    if kind == "regex":
+        return {"regex": spec}
+    if kind == "ebnf":
+        return {"ebnf": spec}
+    if kind == "choice":
+        return {"regex": choice_regex(json.loads(spec))}
+    return {"structural_tag": spec}
 
 
 class SglangAdapter(EngineAdapter):
@@ -84,7 +108,9 @@ class SglangAdapter(EngineAdapter):
     async def tokenize(self, client: httpx.AsyncClient, model: str, prompt: PromptInput) -> list[int]:
         body: dict[str, object] = {"model": model}
         if prompt.messages is not None:
-            body["messages"] = list(prompt.messages)
+            body["messages"] = openai_messages(prompt.messages)
+            if prompt.tools:
+                body["tools"] = list(prompt.tools)
         elif prompt.text is not None:
             body["prompt"] = prompt.text
         else:
@@ -110,6 +136,8 @@ class SglangAdapter(EngineAdapter):
             params["logit_bias"] = {str(token): bias for token, bias in sampling.logit_bias}
         if sampling.seed is not None:
             params["sampling_seed"] = sampling.seed  # honoured with --enable-deterministic-inference
+        if sampling.constraint is not None:
+            params |= constraint_params(sampling.constraint)
         return {
             "rid": call.request_id,
             "input_ids": call.prompt_ids,

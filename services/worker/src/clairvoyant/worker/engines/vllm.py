@@ -7,7 +7,11 @@ What maps to what (vLLM 0.32):
                       ``request_id`` (ours, so vLLM's logs and ours agree), ``cache_salt`` =
                       the tenant (no prefix is shared across tenants, as in our own engine),
                       ``session_id`` = the request id (vLLM's KV events name it: the lineage)
-    tokenize          POST /tokenize (``messages`` through the model's chat template, or ``prompt``)
+    tokenize          POST /tokenize (``messages`` and ``tools`` through the model's chat
+                      template, or ``prompt``)
+    constraints       ``structured_outputs`` (``StructuredOutputsParams``): ``json`` (the schema),
+                      ``json_object``, ``regex``, ``grammar`` (EBNF), ``choice``, ``structural_tag``
+    n > 1             refused (``ExternalFrontend.build_request``): one stream is one choice
     priority          ``--scheduling-policy priority``; vLLM serves LOWER values first
     prefix caching    ``--enable-prefix-caching``; cached tokens per request from
                       ``--enable-prompt-tokens-details``
@@ -33,6 +37,7 @@ from collections.abc import AsyncIterator, Mapping
 import httpx
 
 from clairvoyant.core.errors import InvalidRequest
+from clairvoyant.core.structured import OutputConstraint
 from clairvoyant.worker.core.sampling import TokenLogprob
 from clairvoyant.worker.core.types import EngineStats, RequestOutput
 from clairvoyant.worker.engines.adapter import (
@@ -41,6 +46,7 @@ from clairvoyant.worker.engines.adapter import (
     LaunchSpec,
     Metrics,
     integer_priority,
+    openai_messages,
     raise_for_engine,
     sse_events,
     stream_output,
@@ -86,7 +92,9 @@ class VllmAdapter(EngineAdapter):
     async def tokenize(self, client: httpx.AsyncClient, model: str, prompt: PromptInput) -> list[int]:
         body: dict[str, object] = {"model": model}
         if prompt.messages is not None:
-            body |= {"messages": list(prompt.messages), "add_generation_prompt": True}
+            body |= {"messages": openai_messages(prompt.messages), "add_generation_prompt": True}
+            if prompt.tools:
+                body["tools"] = list(prompt.tools)
         elif prompt.text is not None:
             body["prompt"] = prompt.text
         else:
@@ -125,6 +133,8 @@ class VllmAdapter(EngineAdapter):
             body["logit_bias"] = {str(token): bias for token, bias in sampling.logit_bias}
         if sampling.logprobs is not None:
             body["logprobs"] = sampling.logprobs
+        if sampling.constraint is not None:
+            body["structured_outputs"] = structured_outputs(sampling.constraint)
         return body
 
     async def generate(
@@ -198,6 +208,23 @@ class VllmAdapter(EngineAdapter):
     def max_model_len(self, served: Mapping[str, object]) -> int | None:
         value = served.get("max_model_len")
         return int(value) if isinstance(value, int | float) else None
+
+
+def structured_outputs(constraint: OutputConstraint) -> dict[str, object]:
+    """A constraint as vLLM's ``structured_outputs`` (``vllm/sampling_params.py``
+    ``StructuredOutputsParams``): exactly one of its fields set."""
+    kind, spec = constraint.kind, constraint.spec
+    if kind == "json_schema":
+        return {"json": json.loads(spec)}
+    if kind == "json_object":
+        return {"json_object": True}
+    if kind == "regex":
+        return {"regex": spec}
+    if kind == "ebnf":
+        return {"grammar": spec}
+    if kind == "choice":
+        return {"choice": json.loads(spec)}
+    return {"structural_tag": spec}
 
 
 def vllm_logprobs(block: Mapping[str, object], ids: list[int], k: int) -> tuple[TokenLogprob, ...]:

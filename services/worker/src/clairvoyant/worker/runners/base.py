@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 
@@ -66,8 +66,15 @@ class Tokenizer(Protocol):
         """Text of ``token_ids``; special tokens are skipped."""
         ...
 
-    def apply_chat_template(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
-        """Token ids of a chat, rendered with the model's template (messages: role/content dicts)."""
+    def apply_chat_template(
+        self,
+        messages: Sequence[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> list[int]:
+        """Token ids of a chat, rendered with the model's template (messages: role/content dicts,
+        an assistant turn's ``tool_calls``, a tool turn's ``tool_call_id``; ``tools``: OpenAI
+        function tool dicts)."""
         ...
 
 

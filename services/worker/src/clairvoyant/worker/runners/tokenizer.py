@@ -18,6 +18,8 @@ import tokenizers
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 
+from clairvoyant.worker.tools.render import hermes_messages
+
 logger = logging.getLogger(__name__)
 
 
@@ -55,9 +57,29 @@ class ChatTemplate:
         self._template = env.from_string(source)
         self._special_tokens = special_tokens  # bos_token, eos_token, ... as the template refers to them
 
-    def render(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    @property
+    def knows_tools(self) -> bool:
+        """Whether the template renders tools itself (it refers to ``tools``)."""
+        return "tools" in self.source
+
+    def render(
+        self,
+        messages: Sequence[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> str:
+        """The chat as the model was trained to read it.  ``tools`` (OpenAI tool dicts) go to the
+        template as transformers' ``apply_chat_template(tools=...)`` passes them; a template that
+        does not render tools gets them, and the chat's calls and results, written into plain turns
+        the way Qwen2.5's template writes them (``tools.hermes_messages``)."""
+        has_tool_turns = any(m.get("tool_calls") or m.get("role") == "tool" for m in messages)
+        if not self.knows_tools and (tools or has_tool_turns):
+            messages, tools = hermes_messages(messages, tools), None
         return self._template.render(
-            messages=list(messages), add_generation_prompt=add_generation_prompt, **self._special_tokens
+            messages=list(messages),
+            add_generation_prompt=add_generation_prompt,
+            tools=list(tools) if tools else None,
+            **self._special_tokens,
         )
 
 
@@ -105,9 +127,12 @@ class ByteTokenizer:
         return data.decode("utf-8", errors="replace")
 
     def apply_chat_template(
-        self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> list[int]:
-        return self.encode(self.chat_template.render(messages, add_generation_prompt))
+        return self.encode(self.chat_template.render(messages, add_generation_prompt, tools))
 
 
 class FastTokenizer:
@@ -128,11 +153,21 @@ class FastTokenizer:
         return str(self.backend.decode(list(token_ids), skip_special_tokens=True))
 
     def apply_chat_template(
-        self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> list[int]:
         if self.chat_template is None:
             raise ChatTemplateError("this model carries no chat template")
-        return self.encode(self.chat_template.render(messages, add_generation_prompt))
+        return self.encode(self.chat_template.render(messages, add_generation_prompt, tools))
+
+
+def template_source(tokenizer: object) -> str | None:
+    """The Jinja source of a tokenizer's chat template (None: it has none, or is not ours)."""
+    if isinstance(tokenizer, ByteTokenizer | FastTokenizer) and tokenizer.chat_template is not None:
+        return tokenizer.chat_template.source
+    return None
 
 
 # llama.cpp's pre-tokenizer regexes ("tokenizer.ggml.pre"), expressed as `tokenizers` pre-tokenizers.
