@@ -65,6 +65,24 @@ def profile_seen(stack: Stack, workflow_type: str) -> bool:
     return True
 
 
+def wait_for_profile(stack: Stack, workflow_type: str, timeout_s: float = 60.0) -> None:
+    """Until the profiler has ingested records of ``workflow_type`` (it then annotates its calls)."""
+    deadline = time.monotonic() + timeout_s
+    while not profile_seen(stack, workflow_type):
+        assert time.monotonic() < deadline, f"the profiler never saw the {workflow_type} workflow type"
+        time.sleep(0.2)
+
+
+def assert_annotated(record: common_pb2.CompletionRecord) -> None:
+    """The call was scheduled with the profiler's annotations (at least the shadow tier)."""
+    assert record.HasField("annotations")
+    assert record.annotations.confidence in (
+        common_pb2.CONFIDENCE_SHADOW,
+        common_pb2.CONFIDENCE_LOW,
+        common_pb2.CONFIDENCE_HIGH,
+    )
+
+
 async def test_a_plain_response(stack: Stack) -> None:
     async with client(stack) as sdk:
         reply = await sdk.responses.create(model=MODEL, input="hello there", max_output_tokens=8, store=False)
@@ -109,10 +127,7 @@ async def run_chain(stack: Stack, sdk: AsyncOpenAI) -> None:
 
     # Once the profiler has ingested the chain's records it knows the workflow type, and the next
     # call of the conversation is scheduled with its annotations (at least the shadow tier).
-    deadline = time.monotonic() + 60
-    while not profile_seen(stack, "session"):
-        assert time.monotonic() < deadline, "the profiler never saw the session workflow type"
-        time.sleep(0.2)
+    wait_for_profile(stack, "session")
     third = await sdk.responses.create(
         model=MODEL,
         input="third turn",
@@ -122,12 +137,7 @@ async def run_chain(stack: Stack, sdk: AsyncOpenAI) -> None:
     )
     [record] = await records(stack, 1, request_ids={third.id.removeprefix("resp_")})
     assert record.app_metadata.workflow_id == first.id
-    assert record.HasField("annotations")
-    assert record.annotations.confidence in (
-        common_pb2.CONFIDENCE_SHADOW,
-        common_pb2.CONFIDENCE_LOW,
-        common_pb2.CONFIDENCE_HIGH,
-    )
+    assert_annotated(record)
 
 
 async def test_an_agents_sdk_run_calls_its_tool(stack: Stack) -> None:
@@ -160,3 +170,26 @@ async def test_an_agents_sdk_run_calls_its_tool(stack: Stack) -> None:
     arguments = json.loads(call.arguments)
     jsonschema.validate(arguments, get_weather.params_json_schema)
     assert arguments == {"city": ran[0]}
+
+
+async def test_claude_code_session_headers_alone_make_one_annotated_workflow(stack: Stack) -> None:
+    # Untagged chat traffic, as Claude Code sends it: no app_metadata, only its session header.
+    headers = {"x-claude-code-session-id": "cc-session-7", "x-workflow-type-id": "claude-code"}
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "fix the bug"}]
+    async with client(stack) as sdk:
+        replies = [
+            await sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, extra_headers=headers)
+            for _ in range(2)
+        ]
+        calls = await records(stack, 2, workflow_id="cc-session-7")
+        assert sorted(r.request_id for r in calls) == sorted(r.id.removeprefix("chatcmpl-") for r in replies)
+        agent = "sys-" + hashlib.sha256(SYSTEM.encode()).hexdigest()[:12]
+        assert {(r.app_metadata.workflow_type_id, r.app_metadata.agent_id) for r in calls} == {("claude-code", agent)}
+
+        # The profiler learns the session's workflow type from those records; the next call of the
+        # session is then annotated, and the annotation is what the scheduler placed it with.
+        wait_for_profile(stack, "claude-code")
+        third = await sdk.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, extra_headers=headers)
+    [record] = await records(stack, 1, request_ids={third.id.removeprefix("chatcmpl-")})
+    assert record.app_metadata.workflow_id == "cc-session-7"
+    assert_annotated(record)
