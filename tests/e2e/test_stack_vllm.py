@@ -9,6 +9,7 @@ module skips, except under CI, where the install is part of the run and its abse
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from pathlib import Path
 import anthropic
 import grpc
 import httpx
+import jsonschema
 import nats
 import pytest
 from openai import AsyncOpenAI, OpenAI
@@ -382,3 +384,36 @@ def test_anthropics_sdk_over_vllm_names_the_stop_sequence(stack: Stack) -> None:
     assert reply.content[0].text == "The capital of France is "  # cut before the stop sequence
     free = sdk.messages.create(model=MODEL, max_tokens=16, messages=question, extra_body=greedy)
     assert free.stop_reason == "end_turn" and "Paris" in free.content[0].text
+
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"enum": ["Paris", "Lyon"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+
+
+def test_a_json_schema_response_is_held_to_its_schema_by_vllm(stack: Stack) -> None:
+    """response_format travels as vLLM's structured_outputs: vLLM's own grammar holds the answer."""
+    reply = chat(stack).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "The weather where?"}], max_tokens=64, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "weather", "schema": WEATHER}},
+    )  # fmt: skip
+    choice = reply.choices[0]
+    assert choice.finish_reason == "stop"
+    jsonschema.validate(json.loads(choice.message.content or ""), WEATHER)
+
+
+def test_a_named_tool_call_over_vllm_parses_into_tool_calls(stack: Stack) -> None:
+    """The worker's tool grammar (a structural tag) runs in vLLM; the worker parses the call out."""
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}
+    reply = chat(stack).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Weather in Paris for 3 days?"}], max_tokens=96,
+        temperature=0, tools=[tool], tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )  # fmt: skip
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    (call,) = choice.message.tool_calls or []
+    assert call.function.name == "get_weather" and call.id.startswith("call_")
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER)
