@@ -14,6 +14,7 @@ from clairvoyant.policy.clairvoyant import (
     ClairvoyantPriorityConfig,
     ClairvoyantRouting,
     ClairvoyantRoutingConfig,
+    RANK_TIE_BREAK,
     gittins_score,
 )
 from clairvoyant.policy.pythia import PythiaAgingRule
@@ -207,9 +208,27 @@ def test_gittins_variant_ranks_by_the_index_of_the_remaining_work() -> None:
         table.on_submit(r, 0.0)
     assert policy.priority(near_end, 0.0) == pytest.approx(0.5)
     assert policy.priority(far, 0.0) == pytest.approx(0.01)
-    assert policy.priority(untrusted, 0.0) == policy.priority(unranked, 0.0) == 0.0
+    # No score: only the program order is left (programs opened third and fourth).
+    assert policy.priority(untrusted, 0.0) == pytest.approx(-2 * RANK_TIE_BREAK, abs=1e-15)
+    assert policy.priority(unranked, 0.0) == pytest.approx(-3 * RANK_TIE_BREAK, abs=1e-15)
     assert gittins_score(None, 10.0) == 0.0
     # the aging term is clairvoyant's: a program started 5,000 s earlier makes up 0.5
     old = gittins_call("e", "w5", None, arrival=-5000.0)
     table.on_submit(old, -5000.0)
     assert policy.priority(old, 0.0) == pytest.approx(policy.priority(near_end, 0.0))
+
+
+def test_programs_started_at_the_same_instant_keep_the_order_they_were_opened_in() -> None:
+    """A cron batch: every program starts at t = 0 and every call has the same score.  The calls of
+    the program opened first go first whenever they arrive, instead of all programs in lock-step."""
+    sched = GlobalScheduler.from_preset("clairvoyant")
+    sched.update_worker(
+        WorkerReport("w", "m", "w:1", max_batch=1, kv_blocks_total=10_000, block_size=16, heartbeat_interval_s=1.0),
+        0.0,
+    )
+    for workflow in ("wf-a", "wf-b", "wf-c"):
+        sched.submit(call(f"{workflow}-1", workflow, arrival=0.0, remaining=2), 0.0)
+    assert [d.request_id for d in sched.dispatch(0.0)] == ["wf-a-1"]
+    sched.complete("wf-a-1", now=5.0)
+    sched.submit(call("wf-a-2", "wf-a", arrival=5.0, remaining=2), 5.0)  # its next call, later
+    assert [d.request_id for d in sched.dispatch(5.0)] == ["wf-a-2"]

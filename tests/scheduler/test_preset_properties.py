@@ -5,6 +5,7 @@ call of that model waits in the global queue.  The presets that hold calls back 
 (kairos' time slots, pythia's capacity check, clairvoyant's time slots) still place on an empty
 worker: their rules admit any call to a worker with nothing placed, so the property holds for all
 of them.  Calls here exclude no worker (an excluded idle worker is a deliberate hold).
+thunderagent is exempt: it holds calls back while memory is reserved.
 """
 
 from __future__ import annotations
@@ -66,7 +67,12 @@ def _report(worker_id: str, model: str, used: int) -> WorkerReport:
     return WorkerReport(worker_id, model, "", max_batch=4, kv_blocks_used=used, kv_blocks_total=BLOCKS, block_size=16)
 
 
-@pytest.mark.parametrize("preset", PRESETS.names())
+# thunderagent idles a worker on purpose: it reserves memory for programs in tool calls, and a
+# paused program's call waits for the next 0.5 s check (docs/scheduling.md, "thunderagent").
+NOT_WORK_CONSERVING = frozenset({"thunderagent"})
+
+
+@pytest.mark.parametrize("preset", [p for p in PRESETS.names() if p not in NOT_WORK_CONSERVING])
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_no_idle_worker_while_a_call_of_its_model_waits(preset: str, data: st.DataObject) -> None:

@@ -279,3 +279,48 @@ def test_capacity_uses_the_block_size_the_worker_reports() -> None:
     sched.update_worker(WorkerReport("w?", "m", "x", max_batch=4, kv_blocks_total=10), 0.0)
     capacity = {w.worker_id: router.load(w).capacity_tokens for w in sched.workers()}
     assert capacity == {"w64": 640, "w?": 160}  # unreported: the configured 16 tokens a block
+
+
+def test_throttle_lowers_calls_that_feed_a_bottlenecked_model_and_lifts_when_it_drains() -> None:
+    """§7.2 (Fig. 9): upstream injection is throttled while a downstream model is a bottleneck: more
+    calls wait for it than its workers admit.  Ranked incrementally: the flip re-ranks the reader."""
+    sched = GlobalScheduler(
+        PythiaPriority(PythiaPriorityConfig(throttle_weight=0.5)), PythiaCapacityRouting(), policy_name="pythia"
+    )
+    sched.update_worker(worker("c0", model=CODE, max_batch=2), 0.0)
+    sched.update_worker(worker("r0", model=REASON, max_batch=1), 0.0)
+    policy = sched.priority_policy
+    assert isinstance(policy, PythiaPriority)
+    sched.submit(req("v0", 0.0, model=REASON, workflow="V0", agent="verifier"), now=0.0)
+    sched.dispatch(0.0)  # verifier's model is learned; r0 holds v0
+    # An upstream call whose next agent is the verifier, and one that feeds nothing.
+    feeds = req("feeds", 1.0, workflow="W1", agent="engineer", ann=sys_ann(remaining=1, next_agents=(("verifier", 0.8),)))
+    plain = req("plain", 1.0, workflow="W2", agent="engineer", ann=sys_ann(remaining=1))
+    assert policy.priority(feeds, 1.0) == pytest.approx(0.5 + 0.8)  # nothing waits for it: idle risk
+    sched.submit(req("v1", 1.0, model=REASON, workflow="V1", agent="verifier"), now=1.0)
+    assert policy.priority(feeds, 1.0) == 0.5  # one call waits for its one slot: neither
+    sched.submit(req("v2", 1.0, model=REASON, workflow="V2", agent="verifier"), now=1.0)
+    assert policy.priority(feeds, 1.0) == pytest.approx(0.5 - 0.5 * 0.8)  # two: a bottleneck
+    assert policy.priority(plain, 1.0) == 0.5
+    # With a code slot for one call, the call that feeds nothing goes first, then the throttled one.
+    sched.update_worker(worker("c0", model=CODE, max_batch=1), 1.0)
+    sched.submit(feeds, now=1.0)
+    sched.submit(plain, now=1.0)
+    assert [d.request_id for d in sched.dispatch(1.0) if d.worker_id == "c0"] == ["plain"]
+    # The verifier's queue drains: the throttle lifts (and its idle risk then boosts the call).
+    sched.complete("v0", now=2.0)
+    sched.dispatch(2.0)  # v1 runs, v2 waits alone
+    assert policy.priority(feeds, 2.0) == 0.5
+    assert [d.request_id for d in sched.dispatch(2.0)] == []
+    sched.complete("v1", now=3.0)
+    sched.dispatch(3.0)  # v2 runs, nothing waits
+    assert policy.priority(feeds, 3.0) == pytest.approx(0.5 + 0.8)
+
+
+def test_throttle_is_off_by_default_and_on_in_the_knee_preset() -> None:
+    from clairvoyant.policy.presets import PRESETS, build_policies
+
+    assert PythiaPriorityConfig().throttle_weight == 0.0
+    priority, routing = build_policies("pythia-knee")
+    assert isinstance(priority, PythiaPriority) and priority.config.throttle_weight == 1.0
+    assert PRESETS.create("pythia-knee")[1] == "pythia-knee"

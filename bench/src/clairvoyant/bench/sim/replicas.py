@@ -29,6 +29,7 @@ from clairvoyant.worker.core.engine import DecodeRun, EngineConfig, LLMEngine, R
 from clairvoyant.worker.core.kv_transfer import KvPrefix, import_prefix
 from clairvoyant.worker.core.l3 import L3Store
 from clairvoyant.worker.core.tiers import InlineExecutor
+from clairvoyant.worker.core.types import DecodeSpeed
 from clairvoyant.worker.runners.base import ModelRunner
 
 TENANT = "default"  # every simulated call's tenant, and so its KV's in the replicas' caches
@@ -81,12 +82,14 @@ class Replica:
     def report(self, kv_blocks_used: int | None = None) -> WorkerReport:
         stats = self.engine.stats()
         used = stats.kv_blocks_used if kv_blocks_used is None else kv_blocks_used
+        speed = stats.decode_speed or DecodeSpeed(0.0, 0.0)
         return WorkerReport(
             worker_id=self.worker_id, model=self.model, address=f"sim://{self.worker_id}",
             max_batch=stats.max_num_seqs, running=stats.running, queued=stats.waiting,
             kv_blocks_used=used, kv_blocks_total=stats.kv_blocks_total,
             max_model_len=self.runner.info.max_model_len, preemptions_total=stats.preemptions_total,
             block_size=self.engine.config.block_size,
+            decode_base_s=speed.base_s, decode_per_seq_s=speed.per_seq_s,
         )  # fmt: skip
 
     def tier_totals(self) -> KvTierTotals:

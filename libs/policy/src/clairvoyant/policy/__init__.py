@@ -22,6 +22,7 @@ from clairvoyant.policy import pythia as pythia  # registers the pythia preset
 from clairvoyant.policy import pythia_scaling as pythia_scaling  # registers the pythia scaling policy
 from clairvoyant.policy import saga as saga  # registers the saga preset
 from clairvoyant.policy import scaling_baselines as scaling_baselines  # registers reactive, predictive
+from clairvoyant.policy import thunderagent as thunderagent  # registers the thunderagent preset
 from clairvoyant.policy import topo as topo  # registers the topo-depth preset
 from clairvoyant.policy.cache import CACHE_POLICIES, BlockUse, CacheDirective, CachePolicy
 from clairvoyant.policy.capabilities import Capability, PolicyRegistry, capabilities_of

@@ -34,6 +34,7 @@ class Capability(enum.Enum):
     KV_AWARE = "bind_kv_index"  # reads the workers' reported KV blocks (KvIndexView)
     ASSIGNS_MODELS = "assign"  # places the calls of model groups, choosing each call's model (Aragog)
     WAKES = "wake_at"  # names a time dispatch must run at even if nothing else happens
+    ADMITS = "admission_limit"  # caps the placements held on each worker (late binding at the knee)
 
 
 HOOKS = frozenset(capability.value for capability in Capability)

@@ -49,6 +49,7 @@ class Program:
     last_arrival: float = 0.0
     last_completion: float = 0.0
     first_arrival: float = math.inf  # the earliest arrival_time of a call submitted to this entry
+    rank: int = 0  # the entry's place in the order entries were opened (0 first), for tie-breaks
 
     @property
     def last_activity(self) -> float:
@@ -79,6 +80,7 @@ class ProcessTable:
         (Autellix tracks the most recent arrival and completion "for stale programs")."""
         self.idle_ttl_s = idle_ttl_s
         self._programs: dict[ProgramKey, Program] = {}
+        self._opened = 0  # entries opened so far (``Program.rank``)
         self._feeds: list[ChangeFeed] = []
 
     def subscribe(self) -> ChangeFeed:
@@ -119,7 +121,8 @@ class ProcessTable:
             return
         program = self._programs.get(key)
         if program is None:
-            program = self._programs[key] = Program(key)
+            program = self._programs[key] = Program(key, rank=self._opened)
+            self._opened += 1
         assert request.app_metadata is not None
         known = [
             program.path_end[p] for p in request.app_metadata.parent_request_ids if p in program.path_end

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from clairvoyant.core.annotations import Confidence, SysAnnotations
+from clairvoyant.policy.admission import KneeAdmission
 from clairvoyant.policy.capabilities import Capability
 from clairvoyant.policy.presets import PRESETS, Preset
 from clairvoyant.policy.process_table import ProcessTable
@@ -156,7 +157,9 @@ class PythiaCapacityRouting:
         program = self._programs.of(request) if self._programs is not None else None
         affine = program.engine_id if program is not None else None
         cached = (self._kv.cached_tokens(request, now) if self._kv is not None else None) or {}
-        best: tuple[float, float, bool, str] | None = None  # (-headroom, -cached, not affine, id): smallest wins
+        best: tuple[float, float, bool, str] | None = (
+            None  # (-headroom, -cached, not affine, id): smallest wins
+        )
         for worker in eligible_workers(request, workers):
             bound = length_bound(request, worker.max_model_len, self.config.alpha)
             load = self.load(worker)
@@ -184,6 +187,13 @@ class PythiaPriorityConfig:
     # at risk of idling (ours: 1, i.e. nothing waits for it).
     idle_threshold: int = 1
     aging_rate: float = 0.01  # priority per second on the engine (ours: +1 after 100 s)
+    # The throttle (§7.2, Fig. 9: Pythia "throttle[s] upstream injection when bottlenecks emerge";
+    # the paper gives no formula, so ours): a next agent's model is a bottleneck when the calls
+    # waiting for it (global queue + engine queues) exceed bottleneck_factor × the placements its
+    # workers admit (Σ admission limit, or max_batch); each such successor lowers the call's
+    # priority by throttle_weight × P(a) / E[D_a].  0 turns the throttle off.
+    throttle_weight: float = 0.0
+    bottleneck_factor: float = 1.0
 
 
 def completion_score(annotations: SysAnnotations | None) -> float:
@@ -206,16 +216,23 @@ class PythiaPriority:
     (``GlobalScheduler.agent_model``; unseen agents add nothing); a model's queue depth is its
     global queue plus the queues its workers report.
 
+    The throttle (§7.2, "throttle upstream injection when bottlenecks emerge"; off unless
+    ``throttle_weight`` > 0, on in the ``pythia-knee`` preset): a next agent whose model is a
+    bottleneck (more calls wait for it than its workers admit) subtracts throttle_weight × P(a) /
+    E[D_a].  With admission at the knee the lowered calls then wait in the global queue while the
+    bottleneck drains, instead of feeding it more.
+
     The value when placed is the base priority the engine ages (``PythiaAgingRule``).  Untrusted
     annotations: 0 (see module doc).
 
     Incremental ranking (``IncrementalPriority``), exact: S_completion is fixed per call, and the
-    idle-risk term depends only on one boolean per (workflow type, next agent): "the agent's model
-    is known and below IDLE_THRESHOLD".  Each evaluation records the call under its pairs; at
-    each ranking ``priority_changes`` recomputes every recorded pair's boolean (one pass over the
-    workers for the depths) and names the calls of the pairs whose boolean flipped, e.g. when a
-    model's queue empties or fills, or an agent's calls move to another model.  So the queue is
-    re-ranked only where the full re-rank would give another value.
+    other terms depend only on one state per (workflow type, next agent): the agent's model is
+    known and below IDLE_THRESHOLD (+1), a bottleneck (-1), or neither (0).  Each evaluation
+    records the call under its pairs; at each ranking ``priority_changes`` recomputes every
+    recorded pair's state (one pass over the workers for the depths) and names the calls of the
+    pairs whose state changed, e.g. when a model's queue empties or fills, or an agent's calls
+    move to another model.  So the queue is re-ranked only where the full re-rank would give
+    another value.
     """
 
     capabilities = frozenset(
@@ -225,9 +242,9 @@ class PythiaPriority:
     def __init__(self, config: PythiaPriorityConfig | None = None) -> None:
         self.config = config or PythiaPriorityConfig()
         self._scheduler: SchedulerView | None = None
-        # (workflow type, agent) -> its idle-risk boolean as of the last ranking, and the calls
-        # whose value read it (ids of calls no longer queued are pruned now and then).
-        self._at_risk: dict[tuple[str, str], bool] | None = None
+        # (workflow type, agent) -> its model's state (``_state``) as of the last ranking, and the
+        # calls whose value read it (ids of calls no longer queued are pruned now and then).
+        self._at_risk: dict[tuple[str, str], int] | None = None
         self._readers: dict[tuple[str, str], dict[str, None]] = {}
         self._reads = 0
 
@@ -240,18 +257,44 @@ class PythiaPriority:
             return 0
         return scheduler.queue_depth(model) + sum(w.queued for w in scheduler.workers() if w.model == model)
 
+    def _loads(self) -> dict[str, tuple[int, int]]:
+        """Model -> (calls its workers hold in their queues, placements they admit)."""
+        loads: dict[str, tuple[int, int]] = {}
+        for worker in self._scheduler.workers() if self._scheduler is not None else ():
+            queued, admitted = loads.get(worker.model, (0, 0))
+            loads[worker.model] = (
+                queued + worker.queued,
+                admitted + (worker.admission_limit or worker.max_batch),
+            )
+        return loads
+
+    def _state(self, model: str | None, loads: dict[str, tuple[int, int]]) -> int:
+        """+1: the model is at risk of idling; -1: it is a bottleneck (the throttle); 0: neither."""
+        if model is None or self._scheduler is None:
+            return 0
+        engine_queued, admitted = loads.get(model, (0, 0))
+        depth = self._scheduler.queue_depth(model) + engine_queued
+        if depth < self.config.idle_threshold:
+            return 1
+        if self.config.throttle_weight and depth > self.config.bottleneck_factor * admitted:
+            return -1
+        return 0
+
     def idle_risk(self, request: QueuedRequest, annotations: SysAnnotations | None) -> float:
+        """ω2 × S_unblock − throttle_weight × (the next agents' bottleneck share), unweighted by ω2."""
         if annotations is None or request.app_metadata is None or self._scheduler is None:
             return 0.0
         risk = 0.0
         workflow_type = request.app_metadata.workflow_type_id
+        loads = self._loads()
         for nxt in annotations.next_agents:
             pair = (workflow_type, nxt.agent_id)
-            model = self._scheduler.agent_model(*pair)
-            at_risk = model is not None and self.model_queue_depth(model) < self.config.idle_threshold
-            self._record(pair, request.request_id, at_risk)
-            if at_risk:
-                risk += nxt.probability / 1.0  # E[D_a] = 1: a next agent is one step away
+            state = self._state(self._scheduler.agent_model(*pair), loads)
+            self._record(pair, request.request_id, state)
+            if state > 0:
+                risk += self.config.unblock_weight * nxt.probability / 1.0  # E[D_a] = 1: one step away
+            elif state < 0:
+                risk -= self.config.throttle_weight * nxt.probability / 1.0
         return risk
 
     def priority_changes(self, now: float) -> PriorityChanges:
@@ -260,25 +303,21 @@ class PythiaPriority:
         if self._at_risk is None or scheduler is None:
             self._at_risk = {}
             return PriorityChanges(everything=True)
-        engine_queued: dict[str, int] = {}
-        for worker in scheduler.workers():
-            engine_queued[worker.model] = engine_queued.get(worker.model, 0) + worker.queued
+        loads = self._loads()
         changed: list[str] = []
         for pair, was in self._at_risk.items():
-            model = scheduler.agent_model(*pair)
-            depth = 0 if model is None else scheduler.queue_depth(model) + engine_queued.get(model, 0)
-            now_at_risk = model is not None and depth < self.config.idle_threshold
-            if now_at_risk != was:
-                self._at_risk[pair] = now_at_risk
+            state = self._state(scheduler.agent_model(*pair), loads)
+            if state != was:
+                self._at_risk[pair] = state
                 changed += self._readers.get(pair, ())
         if self._reads > 2 * sum(scheduler.queue_depths().values()) + 64:
             self._prune(scheduler)
         return PriorityChanges(requests=changed)
 
-    def _record(self, pair: tuple[str, str], request_id: str, at_risk: bool) -> None:
+    def _record(self, pair: tuple[str, str], request_id: str, state: int) -> None:
         if self._at_risk is None:
             return  # not ranked incrementally
-        self._at_risk.setdefault(pair, at_risk)
+        self._at_risk.setdefault(pair, state)
         readers = self._readers.setdefault(pair, {})
         if request_id not in readers:
             readers[request_id] = None
@@ -294,9 +333,9 @@ class PythiaPriority:
         annotations = trusted_annotations(request)
         if annotations is None:
             return 0.0
-        return self.config.completion_weight * completion_score(
-            annotations
-        ) + self.config.unblock_weight * self.idle_risk(request, annotations)
+        return self.config.completion_weight * completion_score(annotations) + self.idle_risk(
+            request, annotations
+        )
 
     def engine_rule(self) -> LocalRule:
         return PythiaAgingRule(self.config.aging_rate)
@@ -319,3 +358,23 @@ class PythiaAgingRule:
 
 
 PRESETS.register_preset("pythia", Preset("pythia", "pythia-capacity", cache="pythia", scaling="pythia"))
+
+
+@ROUTING_POLICIES.register("pythia-knee")
+class PythiaKneeRouting(KneeAdmission, PythiaCapacityRouting):
+    """Alg. 2 routing that holds each worker at its knee (``admission.py``): what Pythia's
+    iteration-level dispatcher keeps from the batch, placed late so that the priority order decides
+    who runs (§4.2.2, §7.2)."""
+
+    capabilities = PythiaCapacityRouting.capabilities | {Capability.ADMITS}
+
+
+@PRIORITY_POLICIES.register("pythia-throttle")
+def throttled_priority() -> PythiaPriority:
+    """Alg. 3 with the throttle on (``PythiaPriorityConfig.throttle_weight`` = ω2 = 1)."""
+    return PythiaPriority(PythiaPriorityConfig(throttle_weight=1.0))
+
+
+PRESETS.register_preset(
+    "pythia-knee", Preset("pythia-throttle", "pythia-knee", cache="pythia", scaling="pythia")
+)

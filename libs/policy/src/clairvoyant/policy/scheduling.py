@@ -258,6 +258,15 @@ class Waking(Protocol):
         ...
 
 
+class Admitting(Protocol):
+    def admission_limit(self, report: WorkerReport) -> int:
+        """The placements the scheduler may hold on the worker that sent ``report`` (>= 1), taken
+        at each of its reports; 0: the scheduler's default (max_batch, or the ``EngineQueued``
+        factor × it).  Calls beyond the limit wait in the global queue in priority order
+        (``admission.py``: late binding at the knee)."""
+        ...
+
+
 PRIORITY_POLICIES: PolicyRegistry[PriorityPolicy] = PolicyRegistry("priority policy")
 ROUTING_POLICIES: PolicyRegistry[RoutingPolicy] = PolicyRegistry("routing policy")
 

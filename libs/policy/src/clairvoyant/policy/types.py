@@ -51,6 +51,9 @@ class WorkerReport:
     block_size: int = 0  # tokens per KV block; 0 = not reported
     # The requests the worker holds (Generate calls in progress); None: it does not say.
     held_requests: frozenset[str] | None = None
+    # A decode step costs decode_base_s + decode_per_seq_s × batch seconds; both 0: not known.
+    decode_base_s: float = 0.0
+    decode_per_seq_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,6 +63,8 @@ def worker_report(stats: worker_pb2.WorkerStats) -> WorkerReport:
         preemptions_total=stats.preemptions_total,
         block_size=stats.block_size,
         held_requests=frozenset(stats.held.request_ids) if stats.HasField("held") else None,
+        decode_base_s=stats.decode_base_s,
+        decode_per_seq_s=stats.decode_per_seq_s,
     )
 
 

@@ -87,6 +87,7 @@ class Heartbeat:
 
     def snapshot(self) -> worker_pb2.WorkerStats:
         stats = self.engine.stats()
+        speed = stats.decode_speed
         return worker_pb2.WorkerStats(
             worker_id=self.worker_id,
             model=self.runner.info.name,
@@ -108,6 +109,8 @@ class Heartbeat:
             tiers=tier_usage(stats),
             engine=self.engine_name,
             unsupported_directives=self.unsupported_directives,
+            decode_base_s=speed.base_s if speed is not None else 0.0,
+            decode_per_seq_s=speed.per_seq_s if speed is not None else 0.0,
         )
 
     async def run(self, bus: EventBus) -> None:

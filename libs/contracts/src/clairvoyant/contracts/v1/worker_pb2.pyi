@@ -242,7 +242,7 @@ class KvEventBatch(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., block_size: _Optional[int] = ..., sequence: _Optional[int] = ..., timestamp: _Optional[float] = ..., events: _Optional[_Iterable[_Union[KvEvent, _Mapping]]] = ...) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("worker_id", "model", "grpc_address", "http_address", "running", "queued", "max_batch", "kv_blocks_used", "kv_blocks_total", "kv_blocks_cached", "block_size", "max_model_len", "preemptions_total", "heartbeat_interval_s", "timestamp", "draining", "tiers", "held", "engine", "unsupported_directives")
+    __slots__ = ("worker_id", "model", "grpc_address", "http_address", "running", "queued", "max_batch", "kv_blocks_used", "kv_blocks_total", "kv_blocks_cached", "block_size", "max_model_len", "preemptions_total", "heartbeat_interval_s", "timestamp", "draining", "tiers", "held", "engine", "unsupported_directives", "decode_base_s", "decode_per_seq_s")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -263,6 +263,8 @@ class WorkerStats(_message.Message):
     HELD_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     UNSUPPORTED_DIRECTIVES_FIELD_NUMBER: _ClassVar[int]
+    DECODE_BASE_S_FIELD_NUMBER: _ClassVar[int]
+    DECODE_PER_SEQ_S_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     model: str
     grpc_address: str
@@ -283,7 +285,9 @@ class WorkerStats(_message.Message):
     held: HeldRequests
     engine: str
     unsupported_directives: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_address: _Optional[str] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ..., max_batch: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_cached: _Optional[int] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., preemptions_total: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., timestamp: _Optional[float] = ..., draining: _Optional[bool] = ..., tiers: _Optional[_Iterable[_Union[TierUsage, _Mapping]]] = ..., held: _Optional[_Union[HeldRequests, _Mapping]] = ..., engine: _Optional[str] = ..., unsupported_directives: _Optional[_Iterable[str]] = ...) -> None: ...
+    decode_base_s: float
+    decode_per_seq_s: float
+    def __init__(self, worker_id: _Optional[str] = ..., model: _Optional[str] = ..., grpc_address: _Optional[str] = ..., http_address: _Optional[str] = ..., running: _Optional[int] = ..., queued: _Optional[int] = ..., max_batch: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_cached: _Optional[int] = ..., block_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., preemptions_total: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., timestamp: _Optional[float] = ..., draining: _Optional[bool] = ..., tiers: _Optional[_Iterable[_Union[TierUsage, _Mapping]]] = ..., held: _Optional[_Union[HeldRequests, _Mapping]] = ..., engine: _Optional[str] = ..., unsupported_directives: _Optional[_Iterable[str]] = ..., decode_base_s: _Optional[float] = ..., decode_per_seq_s: _Optional[float] = ...) -> None: ...
 
 class HeldRequests(_message.Message):
     __slots__ = ("request_ids",)

@@ -27,6 +27,7 @@ from clairvoyant.policy.kv_index import KvApplied, KvIndex
 from clairvoyant.policy.presets import build_policies, engine_rule_of
 from clairvoyant.policy.process_table import ProcessTable, ProgramKey, program_key
 from clairvoyant.policy.scheduling import (
+    Admitting,
     EngineQueued,
     FixedPriority,
     IncrementalPriority,
@@ -120,6 +121,7 @@ class GlobalScheduler(SchedulerInspection):
             heartbeat_timeout_factor=heartbeat_timeout_factor,
             default_heartbeat_interval_s=default_heartbeat_interval_s,
             engine_queue_factor=engine_queue_factor,
+            admission=cast(Admitting, routing).admission_limit if Capability.ADMITS in routing_can else None,
         )
         self._rebalancing = cast(Rebalancing, routing) if Capability.REBALANCES in routing_can else None
         self._migrating = cast(MigratesKv, routing) if Capability.MIGRATES_KV in routing_can else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from clairvoyant.policy.types import QueuedRequest, WorkerReport, WorkerView
 
@@ -22,12 +22,15 @@ class WorkerRegistry:
         heartbeat_timeout_factor: float,
         default_heartbeat_interval_s: float,
         engine_queue_factor: float,
+        admission: Callable[[WorkerReport], int] | None = None,
     ) -> None:
         """``engine_queue_factor``: a worker may hold up to max_batch × this many calls (1: no
-        limit beyond its batch; ``WorkerView.admission_limit``)."""
+        limit beyond its batch; ``WorkerView.admission_limit``).  ``admission``: the routing
+        policy's own limit for a reporting worker (``Capability.ADMITS``); its 0 means the default."""
         self.heartbeat_timeout_factor = heartbeat_timeout_factor
         self.default_heartbeat_interval_s = default_heartbeat_interval_s
         self.engine_queue_factor = engine_queue_factor
+        self.admission = admission
         self._views: dict[str, WorkerView] = {}  # in order of first report since (re)joining
         self._reported_draining: dict[str, bool] = {}
         self._operator_drained: set[str] = set()  # survives a worker's expiry and return
@@ -54,7 +57,7 @@ class WorkerRegistry:
             draining=report.draining or report.worker_id in self._operator_drained,
             last_heartbeat=now,
             heartbeat_interval_s=report.heartbeat_interval_s or self.default_heartbeat_interval_s,
-            admission_limit=self._admission_limit(report.max_batch),
+            admission_limit=self._admission_limit(report),
             block_size=report.block_size,
         )
         self._views[report.worker_id] = view
@@ -126,5 +129,8 @@ class WorkerRegistry:
             w.model in models and w.worker_id not in request.exclude_workers for w in self._views.values()
         )
 
-    def _admission_limit(self, max_batch: int) -> int:
-        return 0 if self.engine_queue_factor == 1 else math.ceil(max_batch * self.engine_queue_factor)
+    def _admission_limit(self, report: WorkerReport) -> int:
+        limit = self.admission(report) if self.admission is not None else 0
+        if limit > 0:
+            return limit
+        return 0 if self.engine_queue_factor == 1 else math.ceil(report.max_batch * self.engine_queue_factor)

@@ -31,6 +31,7 @@ from clairvoyant.worker.core.decode_run import (
     decode_horizon,
     replay_block_events,
 )
+from clairvoyant.worker.core.decode_speed import MeasuredSpeed, ModelledSpeed
 from clairvoyant.worker.core.detokenize import IncrementalDetokenizer, NoText
 from clairvoyant.worker.core.grammar import GrammarCache, TokenMasks, allows_only
 from clairvoyant.worker.core.l3 import L3Store
@@ -46,6 +47,7 @@ from clairvoyant.worker.core.scheduler import Scheduler, SchedulerOutput
 from clairvoyant.worker.core.sequence import Sequence, SequenceStatus
 from clairvoyant.worker.core.tiers import Directive, DirectiveError, Executor, KvTiers, TierConfig
 from clairvoyant.worker.core.types import (
+    DecodeSpeed,
     EngineRequest,
     EngineStats,
     FinishReason,
@@ -146,6 +148,11 @@ class LLMEngine:
         self._cached_prompt_tokens_total = 0
         self._generated_tokens_total = 0
         self._fast_forward = isinstance(runner, FastForwardRunner)  # once: a Protocol check is slow
+        # How fast a decode step is at each batch size (the scheduler's admission reads it).
+        self._modelled_speed = (
+            ModelledSpeed(cast(FastForwardRunner, runner), config.max_num_seqs) if self._fast_forward else None
+        )
+        self._measured_speed = MeasuredSpeed()
         self.grammars = grammars if grammars is not None else GrammarCache(runner.tokenizer, runner.info)
         self.masks = TokenMasks(runner.info.vocab_size)  # the token bitmasks of constrained rows
 
@@ -381,7 +388,9 @@ class LLMEngine:
                 None if seq.params.logprobs is None else token_logprobs(logits[i], token_ids[i], seq.params.logprobs)
                 for i, seq in enumerate(samplers)
             ]
-        now = self.clock()
+        started, now = now, self.clock()
+        if all(n == 1 for _, n in batch.chunks):
+            self._measured_speed.observe(len(batch.chunks), now - started)
         for seq, n in batch.chunks:
             start = seq.num_computed_tokens
             self._computed_prompt_tokens_total += max(0, min(start + n, seq.prompt_len) - start)
@@ -575,8 +584,15 @@ class LLMEngine:
             cached_prompt_tokens_total=self._cached_prompt_tokens_total,
             generated_tokens_total=self._generated_tokens_total,
             max_num_seqs=self.config.max_num_seqs,
+            decode_speed=self.decode_speed(),
             **self._tier_stats(),
         )
+
+    def decode_speed(self) -> DecodeSpeed | None:
+        """A decode step's cost at each batch size now (``core/decode_speed.py``); None: not known yet."""
+        if self._modelled_speed is not None:
+            return self._modelled_speed.speed(seq.num_tokens for seq in self.scheduler.running)
+        return self._measured_speed.speed()
 
     def _tier_stats(self) -> dict[str, Any]:
         tiers = self.tiers

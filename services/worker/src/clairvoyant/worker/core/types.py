@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import xgrammar as xgr
 
@@ -63,6 +63,13 @@ class RequestOutput:
     index: int = 0  # the choice (SamplingParams.n > 1); ``finished`` is this choice's
 
 
+class DecodeSpeed(NamedTuple):
+    """A decode step's cost: ``base_s + per_seq_s × batch`` seconds (``core/decode_speed.py``)."""
+
+    base_s: float  # seconds of a decode step before any sequence's share (weights, overhead)
+    per_seq_s: float  # seconds each sequence adds to a decode step, at the current context
+
+
 @dataclass
 class EngineStats:
     """A snapshot of the engine's counters (``*_total`` are monotonic since start-up)."""
@@ -78,6 +85,7 @@ class EngineStats:
     cached_prompt_tokens_total: int  # prompt positions served from the prefix cache (each admission)
     generated_tokens_total: int
     max_num_seqs: int
+    decode_speed: DecodeSpeed | None = None  # None: not known yet (or the engine does not say)
     # KV tiers (core/tiers.py); zeros without them
     l2_blocks_used: int = 0
     l2_blocks_total: int = 0
