@@ -4,10 +4,14 @@ The stack runs with its OpenTelemetry spans exported to a small OTLP receiver in
 each client request is matched to its trace by ``X-Request-Id``.  All timestamps come from the one
 machine clock (``time.time_ns`` in every process), so the stages of one request line up::
 
-    client send | HTTP in | gateway.request ............................................ | HTTP out |
-                          | admission | gateway.schedule | hop | worker.generate | after |
-                                        (Scheduler RPC)          (worker span)    (final message,
-                                                                                  Complete, record)
+    client send | HTTP in | gateway.request ........................................... |
+                          | admission | gateway.schedule | hop | worker.generate | after | HTTP out |
+                                        (Scheduler RPC)          (worker span)      |         client
+                                                                      "last_message" event    has it
+
+The request span lasts beyond the answer (the placement's release and the CompletionRecord
+follow it in the background), so the answer's end is the ``last_message`` event of the
+``gateway.generate`` span: the worker's final message is in and the reply can be written.
 
 Span export costs the services some CPU, so absolute figures are a little higher than in
 ``gateway-overhead``; the point is the split.  Means are additive, so their shares sum to 100%.
@@ -39,8 +43,8 @@ STAGES = (
     "Scheduler.Schedule RPC",
     "hop: -> worker.generate starts",
     "worker.generate (tokenize, engine, stream)",
-    "after the worker: last message, Complete, record",
-    "HTTP out: gateway.request ends -> client has it",
+    "after the worker: -> its last message read",
+    "HTTP out: last message read -> client has it",
 )
 
 
@@ -50,6 +54,7 @@ class Span:
     start_ns: int
     end_ns: int
     request_id: str  # the cv.request_id attribute; empty on spans that do not carry it
+    events: dict[str, int]  # event name -> its time (the first of that name)
 
 
 class SpanReceiver(trace_service_pb2_grpc.TraceServiceServicer):
@@ -65,9 +70,12 @@ class SpanReceiver(trace_service_pb2_grpc.TraceServiceServicer):
                 for scope in resource.scope_spans:
                     for span in scope.spans:
                         attrs = {a.key: a.value.string_value for a in span.attributes}
+                        events: dict[str, int] = {}
+                        for event in span.events:
+                            events.setdefault(event.name, event.time_unix_nano)
                         self.traces.setdefault(span.trace_id, []).append(
                             Span(span.name, span.start_time_unix_nano, span.end_time_unix_nano,
-                                 attrs.get("cv.request_id", "")))
+                                 attrs.get("cv.request_id", ""), events))
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
@@ -100,9 +108,10 @@ def stages(spans: list[Span], sent: int, received: int) -> list[float] | None:
     by_name = {span.name: span for span in spans}
     try:
         req, sched, work = by_name["gateway.request"], by_name["gateway.schedule"], by_name["worker.generate"]
+        answered = by_name["gateway.generate"].events["last_message"]
     except KeyError:
         return None
-    marks = [sent, req.start_ns, sched.start_ns, sched.end_ns, work.start_ns, work.end_ns, req.end_ns, received]
+    marks = [sent, req.start_ns, sched.start_ns, sched.end_ns, work.start_ns, work.end_ns, answered, received]
     return [(b - a) / 1e6 for a, b in zip(marks, marks[1:], strict=False)]
 
 

@@ -9,13 +9,15 @@ interleaved request by request, so drift (other processes, thermal, caches) hits
 
 The same protocol is compared with the same protocol: gateway HTTP /v1/chat/completions vs the
 worker's own HTTP /v1/chat/completions, and gateway gRPC ChatCompletion vs worker gRPC Generate.
-Direct calls go to worker-1; the gateway places on either worker (both identical and idle).
+Direct calls take the workers in turn, as the gateway's placements spread over them, so at a high
+rate each worker carries the same share of direct and gateway traffic.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import tempfile
 import time
 import uuid
@@ -56,17 +58,20 @@ def start_stack(var_dir: Path, workers: int, worker_threads: int, env: dict[str,
     return Stack(config).start(ready_timeout=180)
 
 
-def worker_grpc_address(stack: Stack, worker_id: str = "worker-1") -> str:
+def worker_grpc_addresses(stack: Stack) -> list[str]:
+    """Every worker's gRPC address, in worker-id order."""
     with grpc.insecure_channel(stack.scheduler_address) as channel:
         snapshot = scheduler_pb2_grpc.SchedulerStub(channel).Snapshot(scheduler_pb2.SnapshotRequest(), timeout=5)
-    return next(w.address for w in snapshot.workers if w.worker_id == worker_id)
+    return [w.address for w in sorted(snapshot.workers, key=lambda w: w.worker_id)]
 
 
-def http_path(client: httpx.AsyncClient, url: str, max_tokens: int) -> Send:
+def http_path(client: httpx.AsyncClient, urls: list[str], max_tokens: int) -> Send:
+    """POST /v1/chat/completions to ``urls`` in turn."""
     body = {"model": MODEL, "messages": MESSAGES, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
+    turn = itertools.cycle(urls)
 
     async def send() -> None:
-        response = await client.post(f"{url}/v1/chat/completions", json=body)
+        response = await client.post(f"{next(turn)}/v1/chat/completions", json=body)
         response.raise_for_status()
         if response.json()["usage"]["completion_tokens"] != max_tokens:
             raise RuntimeError(f"unexpected reply: {response.text[:200]}")
@@ -78,15 +83,16 @@ def sampling(max_tokens: int) -> common_pb2.SamplingParams:
     return common_pb2.SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
 
-def worker_grpc_path(channel: grpc.aio.Channel, max_tokens: int) -> Send:
-    stub = worker_pb2_grpc.WorkerStub(channel)
+def worker_grpc_path(channels: list[grpc.aio.Channel], max_tokens: int) -> Send:
+    """Worker.Generate on ``channels`` in turn."""
+    turn = itertools.cycle([worker_pb2_grpc.WorkerStub(channel) for channel in channels])
     chat = worker_pb2.ChatMessages(messages=[common_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in MESSAGES])
 
     async def send() -> None:
         request = worker_pb2.GenerateRequest(request_id=f"bench-{uuid.uuid4().hex}", model=MODEL, chat=chat,
                                              sampling=sampling(max_tokens))
         tokens = 0
-        async for reply in stub.Generate(request, timeout=30):
+        async for reply in next(turn).Generate(request, timeout=30):
             tokens += len(reply.token_ids)
         if tokens != max_tokens:
             raise RuntimeError(f"worker gRPC returned {tokens} tokens")
@@ -145,22 +151,26 @@ async def drive(paths: dict[str, Send], rate: float, duration: float) -> tuple[d
 async def measure(stack: Stack, args: argparse.Namespace) -> tuple[dict[str, list[float]], dict[str, int], float]:
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
     gateway_grpc = f"127.0.0.1:{stack.config.gateway_grpc_port}"
+    worker_channels = [grpc.aio.insecure_channel(address) for address in worker_grpc_addresses(stack)]
     async with (
         httpx.AsyncClient(timeout=30, limits=limits) as gw_client,
         httpx.AsyncClient(timeout=30, limits=limits) as worker_client,
         grpc.aio.insecure_channel(gateway_grpc) as gw_channel,
-        grpc.aio.insecure_channel(worker_grpc_address(stack)) as worker_channel,
     ):
         paths = {
-            "gateway HTTP": http_path(gw_client, stack.gateway_url, args.max_tokens),
-            "worker HTTP (direct)": http_path(worker_client, stack.worker_http_urls[0], args.max_tokens),
+            "gateway HTTP": http_path(gw_client, [stack.gateway_url], args.max_tokens),
+            "worker HTTP (direct)": http_path(worker_client, stack.worker_http_urls, args.max_tokens),
             "gateway gRPC": gateway_grpc_path(gw_channel, args.max_tokens),
-            "worker gRPC (direct)": worker_grpc_path(worker_channel, args.max_tokens),
+            "worker gRPC (direct)": worker_grpc_path(worker_channels, args.max_tokens),
         }
-        progress(f"warm-up: {args.warmup:.0f} s")
-        await drive(paths, args.rate, args.warmup)
-        progress(f"measuring: {args.rate:g} req/s per path x {len(paths)} paths for {args.duration:.0f} s")
-        return await drive(paths, args.rate, args.duration)
+        try:
+            progress(f"warm-up: {args.warmup:.0f} s")
+            await drive(paths, args.rate, args.warmup)
+            progress(f"measuring: {args.rate:g} req/s per path x {len(paths)} paths for {args.duration:.0f} s")
+            return await drive(paths, args.rate, args.duration)
+        finally:
+            for channel in worker_channels:
+                await channel.close()
 
 
 @BENCHMARKS.register("gateway-overhead")

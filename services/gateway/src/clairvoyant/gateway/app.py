@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 from collections.abc import Coroutine, Iterator
@@ -123,6 +124,9 @@ async def serve(settings: GatewaySettings) -> None:
         loop.add_signal_handler(signum, on_signal, signum)
     try:
         await server.start()
+        # What start-up built lives as long as the process: frozen, a full collection no longer
+        # walks it (~110,000 objects; ~0.2 s on a 2-core machine, every request in flight stalled).
+        gc.freeze()
         await server.wait()
     finally:
         await server.stop()

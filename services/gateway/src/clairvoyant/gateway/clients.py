@@ -64,12 +64,31 @@ def rpc_error(err: grpc.aio.AioRpcError, what: str) -> ClairvoyantError:
     return from_rpc_error(err)
 
 
+# Codes of a call the service may never have seen, or shed: worth another try.
+_TRANSIENT = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.UNKNOWN,
+    }
+)
+
+
 class SchedulerClient:
-    def __init__(self, address: str, schedule_timeout_s: float, queue_full_hold_s: float = 0.25) -> None:
+    def __init__(
+        self,
+        address: str,
+        schedule_timeout_s: float,
+        queue_full_hold_s: float = 0.25,
+        complete_timeout_s: float = 5.0,
+    ) -> None:
         """``queue_full_hold_s``: how long a QueueFull answers further requests for its model
         without asking the scheduler (see ``FullQueues``); 0 asks every time."""
         self.address = address
         self.schedule_timeout_s = schedule_timeout_s
+        self.complete_timeout_s = complete_timeout_s
         self.full_queues = FullQueues(queue_full_hold_s)
         self._channel = channel(address)
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
@@ -98,16 +117,19 @@ class SchedulerClient:
 
     async def complete(
         self, request_id: str, worker_id: str, status: common_pb2.RequestStatus, output_tokens: int = 0
-    ) -> None:
+    ) -> bool:
         """Releases a placement; ``output_tokens``: what the call generated (0 when unknown).
-        Never raises: the scheduler also reaps placements of dead calls."""
+        False when the scheduler did not answer (unreachable, timed out, shed) and a retry may
+        succeed; True otherwise.  Never raises: the scheduler also reaps placements of dead calls."""
         request = scheduler_pb2.CompleteRequest(
             request_id=request_id, worker_id=worker_id, status=status, output_tokens=output_tokens
         )
         try:
-            await self._stub.Complete(request, timeout=5.0, metadata=grpc_metadata())
+            await self._stub.Complete(request, timeout=self.complete_timeout_s, metadata=grpc_metadata())
         except grpc.aio.AioRpcError as err:
             logger.warning("Complete(%s) failed: %s %s", request_id, err.code().name, err.details())
+            return has_detail(err) or err.code() not in _TRANSIENT
+        return True
 
     async def renew(self, owner: str, request_ids: list[str]) -> list[str] | None:
         """Extends ``owner``'s placement leases; returns the ids the scheduler holds none on, or
@@ -140,12 +162,15 @@ class WorkerPool:
 
     def __init__(self) -> None:
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, worker_pb2_grpc.WorkerStub] = {}  # one per channel, made once
 
     def generate(self, address: str, request: worker_pb2.GenerateRequest) -> GenerateCall:
-        chan = self._channels.get(address)
-        if chan is None:
-            chan = self._channels[address] = channel(address)
-        stub = worker_pb2_grpc.WorkerStub(chan)
+        stub = self._stubs.get(address)
+        if stub is None:
+            chan = self._channels.get(address)
+            if chan is None:
+                chan = self._channels[address] = channel(address)
+            stub = self._stubs[address] = worker_pb2_grpc.WorkerStub(chan)
         return stub.Generate(request, metadata=grpc_metadata())
 
     async def forget_if_broken(self, address: str) -> None:
@@ -155,10 +180,12 @@ class WorkerPool:
         chan = self._channels.get(address)
         if chan is not None and chan.get_state() == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
             del self._channels[address]
+            self._stubs.pop(address, None)
             await chan.close(grace=None)
 
     async def close(self) -> None:
         channels, self._channels = list(self._channels.values()), {}
+        self._stubs.clear()
         for chan in channels:
             with contextlib.suppress(Exception):
                 await chan.close(grace=None)

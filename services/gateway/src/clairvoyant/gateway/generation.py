@@ -228,6 +228,7 @@ class Generation:
             if msg.HasField("stop_sequence"):
                 self.stop_sequences[index] = msg.stop_sequence
         if msg.HasField("finish_reason") and len(self.finish_reasons) >= max(1, self.request.sampling.n):
+            self._attempt_span.add_event("last_message")  # the answer is whole: it can go out
             self.finish_reason = self.finish_reasons.get(0, "stop")
             self.stop_sequence = self.stop_sequences.get(0)
             self._prompt_block_hashes = tuple(msg.prompt_block_hashes)

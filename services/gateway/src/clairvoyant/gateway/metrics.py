@@ -53,6 +53,17 @@ BUSY_REASONS = ("queue_full", "queue_full_held", "scheduler_shed", "rate_limit_r
 for _reason in BUSY_REASONS:
     BUSY_REFUSALS.labels(_reason)
 
+RELEASE_FAILURES = Counter(
+    "cv_gateway_release_failures_total",
+    "Scheduler.Complete calls (placement releases) that failed, by what followed",
+    ["outcome"],
+)
+# Tried again after a back-off; left to the scheduler's placement lease (attempts spent, or too
+# many releases already waiting to be retried).
+RELEASE_OUTCOMES = ("retried", "abandoned")
+for _outcome in RELEASE_OUTCOMES:
+    RELEASE_FAILURES.labels(_outcome)
+
 # The request paths worth a label; everything else (health, metrics, 404s) is "other".
 HTTP_ENDPOINTS = {
     "/v1/chat/completions": "chat.completions",

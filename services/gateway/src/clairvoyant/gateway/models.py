@@ -8,13 +8,16 @@ the scheduler then picks the served model of each call among the group's (Aragog
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from clairvoyant.contracts.v1 import scheduler_pb2
-from clairvoyant.core.errors import ModelNotFound, NoWorkers
+from clairvoyant.core.errors import ClairvoyantError, ModelNotFound, NoWorkers
+
+logger = logging.getLogger(__name__)
 
 
 class SnapshotSource(Protocol):
@@ -48,6 +51,9 @@ class ModelCatalog:
 
     A cache of ``ttl_s`` seconds (about one) keeps /v1/models and request admission cheap while a
     newly registered worker still shows up almost at once.  Concurrent misses share one Snapshot.
+    Once half the TTL has passed, the next call answers from the cache and starts the Snapshot in
+    the background, so under steady traffic no request waits for one; only a call that finds the
+    cache older than ``ttl_s`` (idle for a while, or ``ttl_s`` 0) waits.
     """
 
     def __init__(
@@ -60,6 +66,7 @@ class ModelCatalog:
         self._fetched_at = float("-inf")
         self._models: dict[str, ServedModel] = {}
         self._groups: dict[str, ServedGroup] = {}
+        self._ahead: asyncio.Task[None] | None = None  # the background refresh, while one runs
 
     async def models(self) -> dict[str, ServedModel]:
         """The served models.  Raises Unavailable when the scheduler cannot be reached."""
@@ -72,14 +79,29 @@ class ModelCatalog:
         return self._groups
 
     async def _refresh(self) -> None:
-        if self._now() - self._fetched_at < self._ttl_s:
+        age = self._now() - self._fetched_at
+        if age < self._ttl_s:
+            if age >= self._ttl_s / 2 and self._ahead is None:
+                self._ahead = asyncio.ensure_future(self._refresh_ahead())
             return
+        await self._fetch(self._ttl_s)
+
+    async def _fetch(self, older_than_s: float) -> None:
+        """One Snapshot, unless another call fetched one meanwhile (younger than ``older_than_s``)."""
         async with self._lock:
-            if self._now() - self._fetched_at >= self._ttl_s:
+            if self._now() - self._fetched_at >= older_than_s:
                 snapshot = await self._scheduler.snapshot()
                 self._models = self._summarise(snapshot)
                 self._groups = self._summarise_groups(snapshot, self._models)
                 self._fetched_at = self._now()
+
+    async def _refresh_ahead(self) -> None:
+        try:
+            await self._fetch(self._ttl_s / 2)
+        except ClairvoyantError as err:  # the cache stays; a call past the TTL asks again and raises
+            logger.debug("background Snapshot failed: %s", err.message)
+        finally:
+            self._ahead = None
 
     async def resolve(self, name: str) -> ServedModel | ServedGroup:
         """The served model or model group ``name``.  Raises ModelNotFound (naming both kinds of

@@ -44,6 +44,7 @@ from clairvoyant.gateway.leases import HeldPlacements
 from clairvoyant.gateway.messages import encode_messages, placed_generate_request
 from clairvoyant.gateway.models import ModelCatalog, ServedGroup, ServedModel
 from clairvoyant.gateway.records import STATUS_CANCELLED, STATUS_ERROR, Outcome, build_record
+from clairvoyant.gateway.releases import Release, ReleaseRetries
 from clairvoyant.gateway.request import CompletionResult, GenerationRequest
 
 logger = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ class Pipeline:
         now: Callable[[], float] = time.time,
         held: HeldPlacements | None = None,
         record_token_ids: bool = True,
+        release_retries: ReleaseRetries | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.workers = workers
@@ -79,7 +81,10 @@ class Pipeline:
         self.annotator = annotator or NoAnnotator()
         self.default_max_tokens = default_max_tokens
         self.now = now  # wall clock: CompletionRecord timings are seconds since the epoch
-        self.held = held or HeldPlacements()  # placements from Schedule until Complete, renewed
+        # Placements from Schedule until Complete, renewed; and the releases whose first attempt
+        # failed.  ``is None``, not ``or``: both are falsy while empty.
+        self.held = HeldPlacements() if held is None else held
+        self.release_retries = ReleaseRetries(scheduler) if release_retries is None else release_retries
         self.record_token_ids = record_token_ids  # CompletionRecords carry prompt and output token ids
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -188,10 +193,13 @@ class Pipeline:
     async def release(
         self, request_id: str, worker_id: str, status: common_pb2.RequestStatus, output_tokens: int = 0
     ) -> None:
-        """Give the placement back (never raises: the scheduler reclaims what a failed call keeps);
-        ``output_tokens`` feed the scheduler's traffic counters."""
+        """Give the placement back; ``output_tokens`` feed the scheduler's traffic counters.  Never
+        raises, and returns after one attempt: one that fails is retried in the background
+        (``ReleaseRetries``), and what that cannot release the scheduler reclaims when the lease,
+        no longer renewed from here on, runs out."""
         self.held.drop(request_id)
-        await self.scheduler.complete(request_id, worker_id, status, output_tokens)
+        if not await self.scheduler.complete(request_id, worker_id, status, output_tokens):
+            self.release_retries.retry(Release(request_id, worker_id, status, output_tokens))
 
     def _max_tokens(
         self, request: GenerationRequest, model: ServedModel | ServedGroup, prompt_estimate: int
@@ -218,7 +226,7 @@ class Pipeline:
                 if not isinstance(exc, _REFUSALS):
                     # Cancelled, timed out or cut off: the scheduler may have placed it all the same,
                     # so release whatever it holds (a no-op when it holds nothing).
-                    self.spawn(self.scheduler.complete(msg.request_id, "", STATUS_CANCELLED))
+                    self.spawn(self.release(msg.request_id, "", STATUS_CANCELLED))
                 raise
             span.set_attribute("cv.worker_id", placement.worker_id)
             span.set_attribute("cv.queue_wait_s", placement.queue_wait_s)
@@ -238,9 +246,10 @@ class Pipeline:
         return task
 
     async def aclose(self, timeout_s: float = 5.0) -> None:
-        """Wait for pending releases and records (at shutdown)."""
+        """Wait for pending releases and records (at shutdown), then for the releases being retried."""
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=timeout_s)
+        await self.release_retries.aclose(timeout_s)
 
 
 def _span_attributes(request: GenerationRequest) -> dict[str, str | bool]:

@@ -67,6 +67,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self._sessions: dict[str, tuple[str, str]] = {}  # waiting request -> (tenant, workflow_id)
         self._moving: dict[str, asyncio.Task[None]] = {}  # placed request -> its KV move
         self._gauge_models: set[str] = set()  # models whose gauges we have set, to zero them later
+        self._gauge_values: dict[str, tuple[int, int]] = {}  # model -> (queue depth, workers) last set
         self._wake: asyncio.TimerHandle | None = None  # the next dispatch the core asked for
         self._wake_at: float | None = None  # its time on the clock; None iff no timer is set
         self._closing = False
@@ -384,11 +385,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 waiter.set_result(decision)
 
     def _publish_gauges(self) -> None:
+        # Runs on every dispatch, so on every Schedule's path: only changed values are set.
         workers: dict[str, int] = {}
         for worker in self.core.workers():
             workers[worker.model] = workers.get(worker.model, 0) + 1
         depths = self.core.queue_depths()
-        for model in self._gauge_models | set(depths) | set(workers):
-            metrics.QUEUE_DEPTH.labels(model).set(depths.get(model, 0))
-            metrics.WORKERS.labels(model).set(workers.get(model, 0))
-        self._gauge_models |= set(depths) | set(workers)
+        for model in self._gauge_models | depths.keys() | workers.keys():
+            values = (depths.get(model, 0), workers.get(model, 0))
+            if self._gauge_values.get(model) != values:
+                self._gauge_values[model] = values
+                metrics.QUEUE_DEPTH.labels(model).set(values[0])
+                metrics.WORKERS.labels(model).set(values[1])
+        self._gauge_models |= depths.keys() | workers.keys()
