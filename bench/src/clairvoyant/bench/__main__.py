@@ -23,6 +23,7 @@ from clairvoyant.bench import (  # noqa: F401
     engine_throughput,
     gateway_breakdown,
     gateway_overhead,
+    knee,
     kv_swap,
     prefix_ttft,
     profiler_ingest,

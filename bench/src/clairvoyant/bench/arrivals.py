@@ -12,7 +12,7 @@ first).  Randomness comes only from the injected ``numpy.random.Generator``.
 - ``closed_loop(concurrency)``: a marker: ``concurrency`` workflows start at 0 and the driver starts
   a new one whenever one completes (``next_arrival``).
 - ``azure_replay(kind, scale)``: the timestamps of the Azure LLM inference trace 2023 (``code``:
-  bursty, inter-arrival CV ~13; ``conv``: CV ~1.1), sped up ``scale`` times.
+  bursty, inter-arrival CV ~13; ``conv``: CV ~1.1), sped up ``scale`` times (or to a mean ``rate``).
 - ``merge(*processes)``: their union, e.g. a Poisson background plus cron spikes.
 
 ``parse_arrivals`` reads one from text (the CLI's ``--arrivals``): a registered name and its
@@ -208,6 +208,11 @@ class Replay:
         mean_gap = float(raw[-1] - raw[0]) / max(len(raw) - 1, 1)
         return (float(raw[-1] - raw[0]) + mean_gap) / self.scale
 
+    @property
+    def mean_rate(self) -> float:
+        """Arrivals per second over one pass, after scaling."""
+        return len(self.offsets_s) / self.duration_s
+
     def times(
         self, rng: np.random.Generator, *, count: int | None = None, horizon_s: float | None = None
     ) -> np.ndarray:
@@ -269,13 +274,19 @@ AZURE_TRACES = {
 
 
 @ARRIVALS.register("azure_replay")
-def azure_replay(kind: Literal["code", "conv"] = "code", scale: float = 1.0) -> Replay:
+def azure_replay(kind: Literal["code", "conv"] = "code", scale: float = 1.0, rate: float = 0.0) -> Replay:
     """The Azure LLM inference trace 2023 (code: 8,819 requests in ~57 min; conv: 19,366), its time
-    axis divided by ``scale`` (scale 2 = twice the rate, same burstiness)."""
+    axis divided by ``scale`` (scale 2 = twice the rate, same burstiness).  ``rate`` > 0 instead
+    picks the scale whose mean rate is ``rate`` arrivals per second."""
     if kind not in AZURE_TRACES:
         raise ValueError(f"kind must be one of {sorted(AZURE_TRACES)}")
+    if rate < 0 or (rate > 0 and scale != 1.0):
+        raise ValueError(f"give scale or a positive rate, not both (scale {scale:g}, rate {rate:g})")
     path = require(AZURE_TRACES[kind], f"azure_replay({kind!r})")
-    return Replay(_azure_offsets(str(path)), scale, name=f"azure_{kind}")
+    offsets = _azure_offsets(str(path))
+    if rate > 0:
+        scale = rate / Replay(offsets).mean_rate
+    return Replay(offsets, scale, name=f"azure_{kind}")
 
 
 def merge(*processes: ArrivalProcess) -> Merged:

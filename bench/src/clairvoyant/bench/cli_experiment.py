@@ -26,13 +26,17 @@ import os
 from pathlib import Path
 from typing import Any
 
-from clairvoyant.bench import cache_policies  # noqa: F401  (registers the cache policies benchmark)
+from clairvoyant.bench import (
+    cache_policies,  # noqa: F401  (registers the cache policies benchmark)
+    scenarios,
+)
 from clairvoyant.bench.arrivals import parse_arrivals
 from clairvoyant.bench.common import RunBars, progress
 from clairvoyant.bench.experiment import (
     ANNOTATORS,
     DEFAULT_LEFT_OUT,
     L3_KINDS,
+    PLACEMENTS,
     SCALING_KEYS,
     TIER_KEYS,
     ExperimentConfig,
@@ -49,9 +53,11 @@ from clairvoyant.bench.parallel import default_jobs
 from clairvoyant.bench.workloads import WorkloadDataError, check_workload_name, list_workloads
 from clairvoyant.policy import PRESETS, SCALING_POLICIES
 from clairvoyant.policy.cache import CACHE_POLICIES
+from clairvoyant.policy.capabilities import Capability, capabilities_of
+from clairvoyant.policy.scheduling import ROUTING_POLICIES
 from clairvoyant.worker.core.tiers import WRITE_POLICIES
 
-COMMANDS = ("run", "compare", "merge", "matrix-report")
+COMMANDS = ("run", "compare", "merge", "matrix-report", "scenarios")
 BASELINE = "vllm-prodstack"  # what the matrix report's ratios are against
 SHOWN = ("avg_jct_s", "p95_jct_s", "throughput_tok_s", "avg_queue_s", "cache_hit_ratio", "preemptions",
          "distance_from_limit", "virtual_seconds", "wall_seconds")
@@ -74,8 +80,9 @@ def workload_name(name: str) -> str:
 def add_parsers(commands: Any) -> None:
     for name, help_text in (("run", "one policy on a workload"), ("compare", "several policies, same instance")):
         sub = commands.add_parser(name, help=help_text, description=help_text)
-        sub.add_argument("--workload", required=True, type=workload_name,
-                         help="a workload name, names joined by + to serve them together, or a spec file")
+        sub.add_argument("--workload", required=name == "run", type=workload_name,
+                         help="a workload name, names joined by + to serve them together, or a spec file"
+                              + (" (or --scenario)" if name == "compare" else ""))  # fmt: skip
         if name == "run":
             sub.add_argument("--policy", required=True, choices=PRESETS.names())
         else:
@@ -105,6 +112,10 @@ def add_parsers(commands: Any) -> None:
         sub.add_argument("--max-num-seqs", type=int, default=256,
                          help="sim: sequences each engine runs at once (vLLM's max_num_seqs); the rest wait "
                               "in the global queue, where the preset's priority orders them")  # fmt: skip
+        sub.add_argument("--knee-fraction", type=float, default=None, metavar="PHI",
+                         help="sim: for a preset that admits at the knee (clairvoyant-knee, pythia-knee), the "
+                              "share of an engine's decode-throughput ceiling its admitted batch reaches, in (0, 1] "
+                              "(default: the preset's, 0.7; docs/scheduling.md)")  # fmt: skip
         sub.add_argument("--annotations", choices=list(ANNOTATORS), default="none",
                          help="sim: what annotates each call: nothing, the profiler core (trained on a warm-up "
                               "instance, then online; profiler-path: without its remaining-work model) or the "
@@ -121,6 +132,9 @@ def add_parsers(commands: Any) -> None:
         scaling.add_argument("--scale-interval", type=float, default=5.0, metavar="S",
                              help="with scaling: virtual seconds between the policy's ticks")
         add_tier_arguments(sub.add_argument_group("KV tiers (sim)"))
+        sub.add_argument("--placement", choices=list(PLACEMENTS), default="equal",
+                         help="sim: equal (each model an equal share of --gpus) or auto (replicas and TP degree "
+                              "per model in proportion to the workload's predicted work)")  # fmt: skip
         sub.add_argument("--out", type=Path, required=True, help="results JSON")
         live = sub.add_argument_group("live mode")
         live.add_argument("--base-url", default=DEFAULT_BASE_URL, help="the gateway's OpenAI API")
@@ -129,7 +143,10 @@ def add_parsers(commands: Any) -> None:
         live.add_argument("--time-scale", type=float, default=1.0, help="tool latencies are waited out x this")
         live.add_argument("--scheduler", default=DEFAULT_SCHEDULER,
                           help="the scheduler's gRPC address, to read the policy it runs; 'none' takes --policy on trust")
+        if name == "compare":
+            scenarios.add_arguments(sub, one_point=True)  # last: it takes over the defaults a scenario sets
     add_report_parsers(commands)
+    scenarios.add_list_parser(commands)
 
 
 def add_tier_arguments(group: Any) -> None:
@@ -252,6 +269,10 @@ def report_command(args: argparse.Namespace) -> int:
 def run_command(args: argparse.Namespace) -> int:
     if args.command in ("merge", "matrix-report"):
         return report_command(args)
+    if args.command == "scenarios":
+        print(scenarios.listing())
+        return 0
+    chosen = scenarios.resolve_compare(args)  # compare --scenario: its point's options, flags given winning
     scalings = [n for n in (getattr(args, "scalings", None) or "").split(",") if n]
     if args.command == "run":
         policies = [args.policy]
@@ -269,6 +290,7 @@ def run_command(args: argparse.Namespace) -> int:
         rate=args.rate, concurrency=args.concurrency, arrivals=args.arrivals, seed=args.seed,
         block_size=args.block_size, max_num_seqs=args.max_num_seqs, annotations=args.annotations,
         warmup_workflows=args.warmup_workflows, scaling=args.scaling, gpu_budget=args.gpu_budget, scale_interval_s=args.scale_interval,
+        placement=args.placement, knee_fraction=args.knee_fraction,
         **tier_config(args),
     )  # fmt: skip
     try:
@@ -297,12 +319,22 @@ def run_command(args: argparse.Namespace) -> int:
         raise SystemExit(f"error: --block-size must be positive, got {args.block_size}")
     if args.max_num_seqs <= 0:
         raise SystemExit(f"error: --max-num-seqs must be positive, got {args.max_num_seqs}")
+    if args.knee_fraction is not None:
+        if not 0.0 < args.knee_fraction <= 1.0:
+            raise SystemExit(f"error: --knee-fraction must be in (0, 1], got {args.knee_fraction}")
+        if args.mode == "live":
+            raise SystemExit("error: --knee-fraction applies to --mode sim; live, it is the preset's")
+        for name in policies:
+            if Capability.ADMITS not in capabilities_of(ROUTING_POLICIES.create(PRESETS.create(name).routing)):
+                raise SystemExit(f"error: --knee-fraction needs presets that admit at the knee; {name} does not")
     if args.mode == "live" and args.max_num_seqs != 256:
         raise SystemExit("error: --max-num-seqs applies to --mode sim; live workers use their own setting")
     if args.warmup_workflows < 0:
         raise SystemExit(f"error: --warmup-workflows must be >= 0, got {args.warmup_workflows}")
     if args.mode == "live" and args.annotations != "none":
         raise SystemExit("error: --annotations applies to --mode sim; a live stack has its own profiler")
+    if args.mode == "live" and args.placement != "equal":
+        raise SystemExit("error: --placement applies to --mode sim; a live stack has its own replicas")
     if args.mode == "live" and args.block_size != 16:
         raise SystemExit("error: --block-size applies to --mode sim; live workers use their own setting")
     jobs = getattr(args, "jobs", None)
@@ -328,6 +360,8 @@ def run_command(args: argparse.Namespace) -> int:
             result = compare_live(config, policies, live)
     except LiveModeError as exc:
         raise SystemExit(f"error: {exc}") from None
+    if chosen is not None:
+        result["scenario"] = chosen
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
     shown = (*SHOWN, "gpu_seconds") if config.scaling is not None or scalings else SHOWN

@@ -6,7 +6,9 @@
 Cluster placement (a choice; the seeds each fix their own): the GPUs are shared equally among the
 workload's served models; each replica of a model uses the smallest tensor-parallel degree in
 (1, 2, 4, 8) whose KV pool holds at least one full-context request (``min(max_model_len, 32K)``
-tokens), as a serving operator would size it.
+tokens), as a serving operator would size it.  With ``placement = "auto"`` (sim/placement.py)
+each model's replicas and degree follow the work programs drawn apart from the measured instance
+bring it, priced at the batch the config's load gives (``workflows_in_flight``).
 
 Autoscaling (``scaling``, a registered scaling policy; None: the fixed cluster above, as ever):
 the policy's core ticks every ``scale_interval_s`` virtual seconds (sim/autoscaling.py) within
@@ -40,27 +42,46 @@ import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from clairvoyant.bench.arrivals import ClosedLoop, Poisson, parse_arrivals
 from clairvoyant.bench.metrics import global_queue_by_model, jct_list, queue_depth_series, summarize
 from clairvoyant.bench.parallel import ProgressCallback, SimTask, run_tasks
+from clairvoyant.bench.records import RunRecords
 from clairvoyant.bench.sim.annotations import OracleAnnotator, ProfilerAnnotator, warm_up
 from clairvoyant.bench.sim.autoscaling import SimAutoscaler, fitting_counts, model_profile
 from clairvoyant.bench.sim.cache_results import cache_metrics
-from clairvoyant.bench.sim.lower_bound import RooflineServiceTime, ServiceTime
+from clairvoyant.bench.sim.lower_bound import (
+    CapacityBounds,
+    PeakWork,
+    RooflineServiceTime,
+    ServiceTime,
+    capacity_bound,
+)
+from clairvoyant.bench.sim.placement import (
+    EfficientBatch,
+    Placement,
+    mean_critical_path,
+    place,
+    predicted_demand,
+)
 from clairvoyant.bench.sim.simulator import Annotator, ReplicaSpec, SimProgress, Simulator
 from clairvoyant.bench.workloads import Workload, get_workload
+from clairvoyant.policy.admission import KneeAdmission, KneeConfig
 from clairvoyant.policy.cache import CACHE_POLICIES
+from clairvoyant.policy.capabilities import Capability, capabilities_of
+from clairvoyant.policy.presets import build_policies
 from clairvoyant.policy.scaling import SCALING_POLICIES, ModelProfile
 from clairvoyant.profiler.core import ProfileConfig, ProfileStore
 from clairvoyant.profiler.core.remaining import RemainingConfig
+from clairvoyant.scheduler.core import GlobalScheduler
 from clairvoyant.worker.core.engine import EngineConfig
 from clairvoyant.worker.core.l3 import L3Store, MemoryL3
 from clairvoyant.worker.core.tiers import WRITE_POLICIES, TierConfig, WritePolicy
 from clairvoyant.worker.costmodel.gpus import GB
+from clairvoyant.worker.costmodel.roofline import BatchItem
 from clairvoyant.worker.runners.emulated import EmulatedRunner
 from clairvoyant.workloads.program import WorkflowProgram
 
@@ -92,12 +113,17 @@ class ExperimentConfig:
     l3_write_policy: WritePolicy = "write_through"
     cache_policy: str | None = None  # a registered cache policy: the run has a cache manager
     l1_fraction: float = 1.0  # of each replica's device KV pool (< 1: contexts contend for L1 in a small run)
+    placement: str = "equal"  # equal | auto (sim/placement.py: replicas follow the predicted work)
+    # The knee's throughput share φ for a preset that admits at the knee (policy/admission.py);
+    # None: the preset's own (0.7).  Refused for a preset that does not.
+    knee_fraction: float | None = None
 
 
 SCALING_KEYS = ("scaling", "gpu_budget", "scale_interval_s")  # in a results file only with scaling on
 TIER_KEYS = ("host_cache", "l3", "l3_capacity_gb", "l3_write_policy")  # only with an L2
 L3_KINDS = ("none", "memory")
-DEFAULT_LEFT_OUT = {"cache_policy": None, "l1_fraction": 1.0}  # in a results file only when not these
+# In a results file only when not these.
+DEFAULT_LEFT_OUT = {"cache_policy": None, "l1_fraction": 1.0, "placement": "equal"}
 
 
 def tiers_on(config: ExperimentConfig) -> bool:
@@ -166,13 +192,21 @@ def _no_sleep(seconds: float) -> None:
 MIN_KV_TOKENS = 32_768
 
 
+def _runner_at(model: str, gpu: str, tp: int) -> EmulatedRunner | None:
+    """A replica of ``model`` over ``tp`` GPUs, or None where it does not hold a full-context request."""
+    try:
+        runner = EmulatedRunner(model, gpu, tp, sleep=_no_sleep, distinct_tokens=True)
+    except ValueError:
+        return None
+    if runner.cost.kv_capacity_tokens(runner.gpu_mem_util) >= min(runner.info.max_model_len, MIN_KV_TOKENS):
+        return runner
+    return None
+
+
 def _runner(model: str, gpu: str) -> tuple[EmulatedRunner, int]:
     for tp in TP_CHOICES:
-        try:
-            runner = EmulatedRunner(model, gpu, tp, sleep=_no_sleep, distinct_tokens=True)
-        except ValueError:
-            continue
-        if runner.cost.kv_capacity_tokens(runner.gpu_mem_util) >= min(runner.info.max_model_len, MIN_KV_TOKENS):
+        runner = _runner_at(model, gpu, tp)
+        if runner is not None:
             return runner, tp
     raise ValueError(f"{model} does not fit 8 x {gpu} with room for a full-context request")
 
@@ -200,22 +234,87 @@ def shared_l3(runners: list[EmulatedRunner], config: ExperimentConfig) -> L3Stor
     return MemoryL3(capacity_pages=max(1, int(config.l3_capacity_gb * GB // page_bytes)))
 
 
-def build_cluster(workload: Workload, config: ExperimentConfig) -> tuple[list[ReplicaSpec], dict[str, ServiceTime]]:
-    """The fixed placement (see the module docstring); with scaling, trimmed to the budget."""
+def _equal_placement(workload: Workload, config: ExperimentConfig) -> Placement:
+    """Each model an equal share of ``gpus`` at its smallest fitting degree; with scaling, trimmed."""
     models = workload.served_models()
     share = max(1, config.gpus // len(models))
-    probes = {model: _runner(model, config.gpu) for model in models}
-    counts = {model: max(1, share // tp) for model, (_, tp) in probes.items()}
+    tps = {model: _runner(model, config.gpu)[1] for model in models}
+    counts = {model: max(1, share // tp) for model, tp in tps.items()}
     if config.scaling is not None:
-        counts = fitting_counts(counts, {m: tp for m, (_, tp) in probes.items()}, budget_of(config))
+        counts = fitting_counts(counts, tps, budget_of(config))
+    return Placement(counts, tps, dict.fromkeys(models, 0.0))
+
+
+def _auto_placement(workload: Workload, config: ExperimentConfig) -> Placement:
+    """``placement.place`` on the work of ``PLACEMENT_PROGRAMS`` programs drawn apart from the
+    measured instance, within ``gpus`` (and the scaling budget).  With scaling, each model keeps
+    its smallest fitting degree, the one the autoscaler's new replicas have.  The batches are
+    priced at the load's workflows in flight (``workflows_in_flight``)."""
+    rng = np.random.default_rng([config.seed, 3])
+    programs = [workload.instantiate(rng, f"placement-{i}") for i in range(PLACEMENT_PROGRAMS)]
+    shapes: dict[str, list[EfficientBatch]] = {}
+    for model in workload.served_models():
+        degrees = TP_CHOICES if config.scaling is None else (_runner(model, config.gpu)[1],)
+        runners = [runner for tp in degrees if (runner := _runner_at(model, config.gpu, tp)) is not None]
+        if not runners:
+            raise ValueError(f"{model} does not fit 8 x {config.gpu} with room for a full-context request")
+        shapes[model] = [_efficient_batch(runner, config) for runner in runners]
+    budget = min(config.gpus, budget_of(config))
+    in_flight = workflows_in_flight(config, mean_critical_path(programs, shapes))
+    return place(predicted_demand(programs, shapes, workflows_in_flight=in_flight, max_replicas=budget), budget)
+
+
+def workflows_in_flight(config: ExperimentConfig, mean_path_s: float) -> float | None:
+    """Workflows running at once under the config's load, as placement prices batches: the
+    closed loop's concurrency; Poisson: rate x the mean critical path (Little's law with no
+    queueing); all at t = 0: half of them (the mean over the burst's drain); another arrival
+    process: None (the knee)."""
+    if config.concurrency:
+        return float(min(config.concurrency, config.workflows))
+    if config.rate:
+        return config.rate * mean_path_s
+    if config.arrivals:
+        return None
+    return config.workflows / 2
+
+
+def _efficient_batch(runner: EmulatedRunner, config: ExperimentConfig) -> EfficientBatch:
+    chunk = config.max_num_batched_tokens
+    return EfficientBatch(
+        runner.cost, seats=config.max_num_seqs,
+        kv_tokens=int(runner.cost.kv_capacity_tokens(runner.gpu_mem_util) * config.l1_fraction),
+        prefill_tokens_per_s=chunk / runner.cost.step_cost([BatchItem(chunk, 0)]).seconds,
+    )  # fmt: skip
+
+
+PLACEMENTS: dict[str, Callable[[Workload, ExperimentConfig], Placement]] = {
+    "equal": _equal_placement,
+    "auto": _auto_placement,
+}
+PLACEMENT_PROGRAMS = 64  # programs drawn (their own seed) to predict each model's work
+
+
+def plan_placement(workload: Workload, config: ExperimentConfig) -> Placement:
+    """The replicas and degree of each model that ``config.placement`` gives (ValueError: unknown)."""
+    if config.placement not in PLACEMENTS:
+        raise ValueError(f"unknown placement {config.placement!r}; choose from {', '.join(PLACEMENTS)}")
+    return PLACEMENTS[config.placement](workload, config)
+
+
+def build_cluster(workload: Workload, config: ExperimentConfig) -> tuple[list[ReplicaSpec], dict[str, ServiceTime]]:
+    """The fixed placement (see the module docstring); with scaling, trimmed to the budget."""
+    placement = plan_placement(workload, config)
+    probes = {model: _runner_at(model, config.gpu, tp) for model, tp in placement.tp.items()}
     replicas: list[ReplicaSpec] = []
     service: dict[str, ServiceTime] = {}
-    l3 = shared_l3([runner for runner, _ in probes.values()], config)
-    for model in models:
-        probe = probes[model][0]
+    l3 = shared_l3([runner for runner in probes.values() if runner is not None], config)
+    for model in workload.served_models():
+        probe = probes[model]
+        assert probe is not None  # placement only gives degrees that fit
         service[model] = RooflineServiceTime(probe.cost)
-        for i in range(counts[model]):
-            runner = probe if i == 0 else _runner(model, config.gpu)[0]
+        for i in range(placement.replicas[model]):
+            runner = probe if i == 0 else _runner_at(model, config.gpu, placement.tp[model])
+            assert runner is not None
             replicas.append(replica_spec(f"{model}-{i}", runner, config, l3))
     return replicas, service
 
@@ -325,6 +424,18 @@ def make_annotator(config: ExperimentConfig) -> Annotator | None:
     return ANNOTATORS[config.annotations](workload, config, build_cluster(workload, config)[1])
 
 
+def sim_scheduler(policy: str, config: ExperimentConfig) -> GlobalScheduler | None:
+    """The run's scheduler when the config sets a policy parameter (the knee's φ); None: the
+    preset's own.  Raises ValueError for a knee fraction given to a preset that has no knee."""
+    if config.knee_fraction is None:
+        return None
+    priority, routing = build_policies(policy)
+    if Capability.ADMITS not in capabilities_of(routing):
+        raise ValueError(f"--knee-fraction needs a preset that admits at the knee; {policy!r} does not")
+    cast(KneeAdmission, routing).knee = KneeConfig(config.knee_fraction)
+    return GlobalScheduler(priority, routing, policy_name=policy, max_queue_per_model=1_000_000)
+
+
 def run_sim(
     config: ExperimentConfig,
     policy: str,
@@ -347,14 +458,18 @@ def run_sim(
         annotator = copy.deepcopy(annotator)
     started = time.perf_counter()
     simulator = Simulator(replicas, policy, seed=config.seed, service_times=service, annotator=annotator,
-                          cache_policy=config.cache_policy)  # fmt: skip
+                          cache_policy=config.cache_policy, scheduler=sim_scheduler(policy, config))  # fmt: skip
     l3 = next((spec.l3 for spec in replicas), None)
     autoscaler = _autoscaler(simulator, workload, config, l3) if config.scaling is not None else None
     records = simulator.run(arrivals, backlog=backlog, progress=progress)
+    bounds = run_capacity_bound(records, [*(p for _, p in arrivals), *backlog], replicas, config)
+    records.capacity_bound_avg_jct_s, records.limit_avg_jct_s = bounds
     result = summarize(records)
     result["virtual_seconds"] = records.duration_s
     result["wall_seconds"] = time.perf_counter() - started
     result["replicas"] = {spec.worker_id: spec.runner.info.extra.get("tensor_parallel", "1") for spec in replicas}
+    if config.placement != "equal":  # the equal split's files read as they always have
+        result["placement"] = plan_placement(workload, config).summary()
     # For the plots (``python -m clairvoyant.bench plot``): the JCT CDF and queue depth over time.
     result["jct_s"] = jct_list(records)
     result["queue_depth_series"] = queue_depth_series(records, points=QUEUE_SERIES_POINTS)
@@ -365,6 +480,48 @@ def run_sim(
     if records.cache_manager is not None:
         result["cache_manager"] = cache_metrics(records)
     return result
+
+
+def run_capacity_bound(
+    records: RunRecords,
+    programs: list[WorkflowProgram],
+    replicas: list[ReplicaSpec],
+    config: ExperimentConfig,
+) -> CapacityBounds:
+    """``lower_bound.capacity_bound`` of the run's finished workflows at their arrivals, with their
+    critical paths, the larger under either sharing of a step's fixed cost (``PeakWork``): per
+    model too when the cluster is fixed; with scaling, on the budget alone."""
+    by_id = {program.workflow_id: program for program in programs}
+    finished = [w for w in records.workflows if w.end_time is not None]
+    done = [(w.arrival_time, by_id[w.workflow_id]) for w in finished]
+    paths = [w.lower_bound_s for w in finished]
+    shapes: dict[str, ReplicaSpec] = {}
+    gpus_by_model: dict[str, int] = {}
+    for spec in replicas:
+        assert isinstance(spec.runner, EmulatedRunner)  # build_cluster's replicas are all emulated
+        model = spec.runner.info.name
+        if model not in shapes or spec.config.num_blocks > shapes[model].config.num_blocks:
+            shapes[model] = spec  # the largest pool charges the least: still a bound
+        gpus_by_model[model] = gpus_by_model.get(model, 0) + spec.runner.cost.tp
+    for model in {call.model for _, program in done for call in program.calls} - set(shapes):
+        shapes[model] = replica_spec(model, _runner(model, config.gpu)[0], config)  # none at the start
+    fixed = config.scaling is None
+    bounds = [
+        capacity_bound(
+            done, {model: _peak_work(spec, sharing) for model, spec in shapes.items()},
+            total_gpus=sum(gpus_by_model.values()) if fixed else budget_of(config),
+            gpus_by_model=gpus_by_model if fixed else None, critical_paths=paths,
+        )  # fmt: skip
+        for sharing in ("seat", "kv")
+    ]
+    return CapacityBounds(max(b.capacity_s for b in bounds), max(b.limit_s for b in bounds))
+
+
+def _peak_work(spec: ReplicaSpec, sharing: str) -> PeakWork:
+    assert isinstance(spec.runner, EmulatedRunner)
+    if sharing == "seat":
+        return PeakWork.per_seat(spec.runner.cost, spec.config.max_num_seqs)
+    return PeakWork.per_kv_token(spec.runner.cost, spec.config.num_blocks * spec.config.block_size)
 
 
 def compare(

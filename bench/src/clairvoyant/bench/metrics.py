@@ -4,6 +4,8 @@
 - Program-level token latency (Autellix §6, Kairos §7): a workflow's JCT divided by the output
   tokens it generated, averaged over workflows.
 - Distance from the limit: average JCT over the average critical-path lower bound.
+- The limit (simulated runs): the capacity bound on the mean JCT and the critical paths together
+  (sim/lower_bound.py), at least the larger of the two; ``avg_jct_over_limit``: average JCT over it.
 - SLO attainment: the share of workflows whose JCT is within ``k`` times their own lower bound.
 """
 
@@ -73,6 +75,10 @@ def summarize(records: RunRecords) -> dict[str, Any]:
         },
         "duration_s": records.duration_s,
     }
+    if records.capacity_bound_avg_jct_s is not None and records.limit_avg_jct_s is not None:
+        summary["capacity_bound_avg_jct_s"] = records.capacity_bound_avg_jct_s
+        summary["limit_avg_jct_s"] = limit = max(avg_bound, records.limit_avg_jct_s)
+        summary["avg_jct_over_limit"] = avg_jct / limit if limit else 0.0
     if records.kv_tiers is not None:
         summary["kv_tiers"] = kv_tier_metrics(records.kv_tiers)
     return summary

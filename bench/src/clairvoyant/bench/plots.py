@@ -172,7 +172,9 @@ def plot_latency_throughput(sweep: dict[str, Any], path: Path) -> Path:
     ax.set_ylabel("workflow JCT (s)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    unit = "workflows/s" if sweep["load_kind"] == "rate" else "concurrent workflows"
+    unit = (sweep.get("scenario") or {}).get("axis") or (
+        "workflows/s" if sweep["load_kind"] == "rate" else "concurrent workflows"
+    )
     ax.set_title(f"{sweep['workload']}: latency vs throughput (labels: {unit})", fontsize=9)
     return _save(fig, path)
 

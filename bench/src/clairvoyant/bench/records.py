@@ -114,3 +114,5 @@ class RunRecords:
     kv_tiers: KvTierTotals | None = None  # the engines' tier counters (simulated runs; live: None)
     cache_manager: CacheManagerTotals | None = None  # simulated runs with a cache policy
     duration_s: float = 0.0  # first arrival to last completion (virtual or wall seconds)
+    capacity_bound_avg_jct_s: float | None = None  # sim/lower_bound.capacity_bound (sim; live: None)
+    limit_avg_jct_s: float | None = None  # that bound and the critical paths together (simulated runs)

@@ -4,6 +4,7 @@
         --rates 0.5,1,2 --workflows 64 --out sweep.json
     python -m clairvoyant.bench sweep --workload swe_agent --policies fcfs-rr,least-loaded \\
         --concurrencies 4,16,48 --workflows 8,32,48 --out sweep.json
+    python -m clairvoyant.bench sweep --scenario pythia-fig11 --out fig11.json  # a paper's figure (scenarios.py)
     python -m clairvoyant.bench plot sweep.json --out-dir docs/img [--load 48]
 
 Every load level is a full ``compare`` (all policies on the same instance: same seed, same
@@ -21,14 +22,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from clairvoyant.bench import scenarios
+from clairvoyant.bench.arrivals import parse_arrivals
 from clairvoyant.bench.common import RunBars, progress, rounded
-from clairvoyant.bench.experiment import ExperimentConfig, compare_result, make_annotator, run_sim
+from clairvoyant.bench.experiment import ANNOTATORS, ExperimentConfig, compare_result, make_annotator, run_sim
 from clairvoyant.bench.parallel import ProgressCallback, SimTask, default_jobs, run_tasks
-from clairvoyant.bench.workloads import check_workload_name
+from clairvoyant.bench.workloads import WorkloadDataError, check_workload_name
 from clairvoyant.policy import PRESETS
 
-LOAD_KINDS = ("rate", "concurrency")
-
+LOAD_KINDS = ("rate", "concurrency", "arrivals")
 
 
 def workload_arg(name: str) -> str:
@@ -38,6 +40,7 @@ def workload_arg(name: str) -> str:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
+
 def sweep(
     config: ExperimentConfig,
     policies: list[str],
@@ -45,11 +48,13 @@ def sweep(
     loads: Sequence[float],
     *,
     workflows: Sequence[int] | None = None,
+    arrivals: Sequence[str] | None = None,
     jobs: int = 1,
     on_progress: ProgressCallback | None = None,
     on_point: Callable[[float, dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """``compare`` at each load (``load_kind`` "rate": workflows/s; "concurrency": closed loop).
+    """``compare`` at each load (``load_kind`` "rate": workflows/s; "concurrency": closed loop;
+    "arrivals": ``arrivals[i]``, an arrival process, at level i, the load being its axis value).
 
     ``workflows``: how many workflows each level runs (default: ``config.workflows`` at every one).
     The runs (every policy at every level) go ``jobs`` at a time; ``on_progress`` gets (run index,
@@ -61,12 +66,12 @@ def sweep(
         raise ValueError(f"{len(counts)} workflow counts for {len(loads)} load levels")
     if load_kind not in LOAD_KINDS:
         raise ValueError(f"load_kind must be one of {LOAD_KINDS}, got {load_kind!r}")
+    if (load_kind == "arrivals") != (arrivals is not None) or len(arrivals or loads) != len(loads):
+        raise ValueError("load_kind 'arrivals' needs one arrival process per load level, and only it takes them")
     started = time.perf_counter()
+    specs: Sequence[str | None] = arrivals if arrivals is not None else [None] * len(loads)
     configs = [
-        dataclasses.replace(config, rate=float(load), concurrency=None, workflows=count)
-        if load_kind == "rate"
-        else dataclasses.replace(config, rate=None, concurrency=int(load), workflows=count)
-        for load, count in zip(loads, counts, strict=True)
+        _level(config, load_kind, load, spec, count) for load, spec, count in zip(loads, specs, counts, strict=True)
     ]
     prepared = [make_annotator(c) for c in configs]  # once per level, as ``compare`` does
     tasks = [SimTask(c, policy, a, run_sim) for c, a in zip(configs, prepared, strict=True) for policy in policies]
@@ -93,9 +98,20 @@ def sweep(
         "policies": policies,
         "load_kind": load_kind,
         "loads": list(loads),
+        **({"arrivals": list(arrivals)} if arrivals is not None else {}),
         "wall_seconds": time.perf_counter() - started,
         "points": points,
     }
+
+
+def _level(config: ExperimentConfig, load_kind: str, load: float, arrivals: str | None, workflows: int) -> ExperimentConfig:
+    """``config`` at one load level: the level's load alone, and its workflow count."""
+    level = dataclasses.replace(config, rate=None, concurrency=None, arrivals=None, workflows=workflows)
+    if load_kind == "rate":
+        return dataclasses.replace(level, rate=float(load))
+    if load_kind == "concurrency":
+        return dataclasses.replace(level, concurrency=int(load))
+    return dataclasses.replace(level, arrivals=arrivals)
 
 
 # ---- command line --------------------------------------------------------------------------------
@@ -104,18 +120,24 @@ def sweep(
 def add_parsers(commands: Any) -> None:
     sub = commands.add_parser("sweep", help="compare at several load levels (latency vs throughput)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    sub.add_argument("--workload", required=True, type=workload_arg, help="a workload name or a spec file")
-    sub.add_argument("--policies", required=True, help="comma-separated: " + ",".join(PRESETS.names()))
-    loads = sub.add_mutually_exclusive_group(required=True)
+    sub.add_argument("--workload", type=workload_arg,
+                     help="a workload name or a spec file (required unless --scenario)")  # fmt: skip
+    sub.add_argument("--policies", help="comma-separated: " + ",".join(PRESETS.names()) + " (required unless --scenario)")
+    loads = sub.add_mutually_exclusive_group()
     loads.add_argument("--rates", help="comma-separated Poisson workflow arrival rates (per second)")
     loads.add_argument("--concurrencies", help="comma-separated closed-loop concurrencies")
     sub.add_argument("--gpus", type=int, default=8)
     sub.add_argument("--gpu", default="H100-80G")
     sub.add_argument("--workflows", default="64", help="per load level: one number, or one per level")
     sub.add_argument("--seed", type=int, default=0)
+    sub.add_argument("--block-size", type=int, default=16, help="KV block size in tokens (64 runs ~2.5x faster)")
+    sub.add_argument("--annotations", choices=list(ANNOTATORS), default="none",
+                     help="what annotates each call (as compare's --annotations)")  # fmt: skip
+    sub.add_argument("--warmup-workflows", type=int, default=64, help="--annotations profiler: the warm-up's workflows")
     sub.add_argument("--jobs", type=int, default=None,
                      help="runs simulated at once, one process each (default: one per CPU); results do not depend on it")
     sub.add_argument("--out", type=Path, required=True, help="results JSON")
+    scenarios.add_arguments(sub, one_point=False)
 
     sub = commands.add_parser("plot", help="PNG figures from a compare or sweep results file")
     sub.add_argument("results", type=Path, help="a compare or sweep results JSON")
@@ -139,26 +161,49 @@ def run_command(args: argparse.Namespace) -> int:
         for path in plot_file(args.results, args.out_dir, load=args.load):
             progress(f"saved {path} ({path.stat().st_size // 1024} KiB)")
         return 0
+    loads_given = args.rates is not None or args.concurrencies is not None
+    if args.scenario is not None:
+        plan = scenarios.resolve_sweep(args, loads_given)
+    else:
+        scenarios.fill_defaults(args)
+        if args.workload is None or args.policies is None or not loads_given:
+            raise SystemExit("error: sweep needs --workload, --policies and --rates or --concurrencies "
+                             "(or --scenario NAME; --scenario list names them)")  # fmt: skip
+        plan = scenarios.SweepPlan("", [], [], None, {})
     policies = [p for p in args.policies.split(",") if p]
     unknown = [p for p in policies if p not in PRESETS]
     if unknown:
         raise SystemExit(f"unknown policies {unknown}; choose from {PRESETS.names()}")
     if args.rates:
         load_kind, loads = "rate", _floats(args.rates)
-    else:
+    elif args.concurrencies:
         load_kind, loads = "concurrency", [float(int(c)) for c in _floats(args.concurrencies)]
-    counts = [int(n) for n in _floats(args.workflows)]
+    else:
+        load_kind, loads = plan.load_kind, plan.loads
+    counts = plan.workflows or [int(n) for n in _floats(args.workflows)]
     if len(counts) == 1:
         counts *= len(loads)
     if len(counts) != len(loads):
         raise SystemExit(f"--workflows: give one count or one per level ({len(loads)}), got {len(counts)}")
-    config = ExperimentConfig(workload=args.workload, gpus=args.gpus, gpu=args.gpu, seed=args.seed)
+    for spec in plan.arrivals or []:
+        try:
+            parse_arrivals(spec)
+        except (ValueError, WorkloadDataError) as exc:
+            raise SystemExit(f"error: {plan.record['name']}: {exc}") from None
+    config = ExperimentConfig(workload=args.workload, gpus=args.gpus, gpu=args.gpu, seed=args.seed,
+                              block_size=args.block_size, annotations=args.annotations,
+                              warmup_workflows=args.warmup_workflows)  # fmt: skip
+    label = plan.record.get("axis") or load_kind
+    scenario = f" ({plan.record['name']})" if plan.record else ""
     progress(
-        f"sweep: {args.workload}, {len(policies)} policies x {len(loads)} {load_kind} levels "
+        f"sweep{scenario}: {args.workload}, {len(policies)} policies x {len(loads)} {label} levels "
         f"({', '.join(f'{load:g}' for load in loads)}; workflows {', '.join(map(str, counts))}), {args.gpus} GPUs"
     )
     if args.jobs is not None and args.jobs < 1:
         raise SystemExit(f"error: --jobs must be at least 1, got {args.jobs}")
+    if args.block_size <= 0 or args.warmup_workflows < 0:
+        raise SystemExit(f"error: need --block-size > 0 and --warmup-workflows >= 0, got {args.block_size}, "
+                         f"{args.warmup_workflows}")  # fmt: skip
     labels = [f"{load_kind} {load:g} {policy}" for load in loads for policy in policies]
     with RunBars(labels) as bars:
 
@@ -167,8 +212,10 @@ def run_command(args: argparse.Namespace) -> int:
             bars.print(f"{load_kind} {load:g}: {summary} ({point['wall_seconds']:.0f} s of runs)")
 
         jobs = args.jobs or default_jobs(len(labels))
-        result = sweep(config, policies, load_kind, loads, workflows=counts, jobs=jobs, on_progress=bars.update,
-                       on_point=done)  # fmt: skip
+        result = sweep(config, policies, load_kind, loads, workflows=counts, arrivals=plan.arrivals, jobs=jobs,
+                       on_progress=bars.update, on_point=done)  # fmt: skip
+    if plan.record:
+        result["scenario"] = plan.record
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(rounded(result), indent=1, sort_keys=True, default=str) + "\n")
     print(table(result))
@@ -179,8 +226,9 @@ def run_command(args: argparse.Namespace) -> int:
 def table(result: dict[str, Any]) -> str:
     """Markdown: one row per (load, policy); avg JCT also as a ratio to the first policy's."""
     baseline = result["policies"][0]
+    axis = (result.get("scenario") or {}).get("axis") or result["load_kind"]
     lines = [
-        f"| {result['load_kind']} | workflows | policy | avg JCT s | vs {baseline} | p95 JCT s | tokens/s "
+        f"| {axis} | workflows | policy | avg JCT s | vs {baseline} | p95 JCT s | tokens/s "
         "| workflows/min | avg queue s | distance from limit | wall s |",
         "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
