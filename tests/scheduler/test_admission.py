@@ -102,37 +102,80 @@ def test_calls_beyond_the_knee_wait_in_the_global_queue_and_the_most_urgent_go_f
     assert [d.request_id for d in sched.dispatch(2.0)] == ["c2"]
 
 
-def test_a_call_is_never_placed_while_a_more_urgent_call_of_its_model_waits() -> None:
-    """Random arrivals, completions and worker speeds: at every dispatch, each placed call is at
-    least as urgent as every call left waiting, and no worker below its knee idles while calls wait."""
+def test_a_waiting_call_is_never_held_back_by_a_less_urgent_one() -> None:
+    """Random arrivals, completions and worker speeds.  After every dispatch: each placed call is at
+    least as urgent as every call left waiting; a worker with a seat left holds nothing less urgent
+    than a waiting call (it would have been placed there, beyond the knee, for the engine to preempt
+    the less urgent one); a placement beyond the knee displaces a less urgent one; and while calls
+    wait, every worker is at its limit (work conservation)."""
     rng = random.Random(7)
     sched = knee_scheduler(0.5)
     priority = sched.priority_policy
-    live: list[str] = []
+    held: dict[str, tuple[str, float]] = {}  # placed call -> (worker, base priority)
+    beyond_knee = 0
     for step in range(300):
         now = float(step)
         for w in ("w1", "w2"):
-            sched.update_worker(report(w, per_seq=rng.choice([0.001, 0.002, 0.005])), now)
+            sched.update_worker(report(w, per_seq=rng.choice([0.001, 0.002, 0.005]), max_batch=12), now)
         for _ in range(rng.randint(0, 3)):
             rid = f"c{step}-{rng.randrange(10**6)}"
             sched.submit(call(rid, f"wf{rng.randrange(20)}", rng.randint(0, 12), now), now)
-        for rid in [r for r in live if rng.random() < 0.3]:
+        for rid in [r for r in held if rng.random() < 0.3]:
             sched.complete(rid, now=now)
-            live.remove(rid)
+            del held[rid]
         decisions = sched.dispatch(now)
-        live += [d.request_id for d in decisions]
+        for d in decisions:
+            if d.worker.placed > d.worker.admission_limit:  # beyond the knee: it displaced a less urgent call
+                beyond_knee += 1
+                assert min(p for w, p in held.values() if w == d.worker_id) < d.base_priority
+            held[d.request_id] = (d.worker_id, d.base_priority)
         waiting = sched.queued_requests("m")
         if decisions and waiting:
             most_urgent_waiting = max(priority.priority(r, now) for r in waiting)
             assert min(d.base_priority for d in decisions) >= most_urgent_waiting
-        if waiting:  # work conservation: every worker is at its limit
+        for r in waiting:
+            urgency = priority.priority(r, now)
+            for w in sched.workers():
+                if w.placed < w.max_batch:
+                    assert all(p >= urgency for worker, p in held.values() if worker == w.worker_id)
+        if waiting:
             assert all(not w.has_room for w in sched.workers())
-        # A placement never takes a worker past its knee (one that fell below what it holds as its
-        # contexts grew keeps its placements, and gets no more).
-        assert all(d.worker.placed <= d.worker.admission_limit for d in decisions)
+    assert beyond_knee > 0  # the traffic did exercise it
+
+
+def test_an_urgent_call_goes_beyond_the_knee_only_over_a_less_urgent_one() -> None:
+    sched = knee_scheduler(0.5)
+    sched.update_worker(report("w1", per_seq=0.005, max_batch=3), 0.0)  # knee 2, three seats
+    sched.submit(call("far", "wf-far", 9), 0.0)
+    sched.submit(call("mid", "wf-mid", 5), 0.0)
+    assert [d.request_id for d in sched.dispatch(0.0)] == ["mid", "far"]
+    sched.submit(call("farther", "wf-farther", 11), 1.0)  # less urgent than both: it waits
+    assert sched.dispatch(1.0) == []
+    sched.submit(call("near", "wf-near", 0), 1.0)  # more urgent than "far": placed beyond the knee
+    (decision,) = sched.dispatch(1.0)
+    assert (decision.request_id, decision.worker.placed, decision.worker.admission_limit) == ("near", 3, 2)
+    sched.submit(call("nearer", "wf-nearer", 0), 2.0)  # no seat left below max_batch
+    assert sched.dispatch(2.0) == []
+    assert sched.queue_depth("m") == 2
 
 
 def test_has_room_reads_the_admission_limit() -> None:
     view = WorkerView("w", "m", "", "", 0, 0, 2, 64, 0, 100, 0, False, 0.0, 1.0, admission_limit=2)
     assert not view.has_room
     assert view.with_placed(1).has_room
+
+
+def test_the_knee_travels_with_the_placement_to_the_workers_generate_call() -> None:
+    """Scheduler -> Placement.seat_limit -> the gateway's Generate message -> the engine's seats."""
+    from clairvoyant.contracts.v1 import worker_pb2
+    from clairvoyant.gateway.messages import placed_generate_request
+    from clairvoyant.scheduler import convert
+
+    sched = knee_scheduler(0.5)
+    sched.update_worker(report("w1", per_seq=0.005), 0.0)  # knee 2
+    sched.submit(call("c", "wf", 1), 0.0)
+    (decision,) = sched.dispatch(0.0)
+    placement = convert.placement(decision, "clairvoyant-knee")
+    assert placement.seat_limit == 2
+    generate = placed_generate_request(worker_pb2.GenerateRequest(request_id="c"), placement)
+    assert generate.seat_limit == 2

@@ -181,6 +181,37 @@ def test_waiting_request_preempts_less_urgent_running_when_seats_run_out() -> No
     assert engine.stats().preemptions_total == 1
 
 
+def test_the_schedulers_seat_limit_holds_the_batch_at_the_knee() -> None:
+    # Admission at the knee: the placement says 2 seats on an engine of 8.  A third, more urgent
+    # call takes the seat of the least urgent running one; a less urgent fourth waits.
+    clock = Clock(0.0)
+    engine, _ = make_engine(clock=clock, block_size=4, num_blocks=64, max_num_seqs=8)
+    results: dict[str, Collected] = {}
+    for rid, priority in (("low", -2.0), ("mid", -1.0)):
+        engine.add_request(request(rid, letters(6, len(rid)), max_tokens=4, priority=priority, seat_limit=2))
+    collect(engine.step(), results)
+    assert engine.scheduler.seats == 2 and len(engine.scheduler.running) == 2
+    clock.now = 1.0
+    engine.add_request(request("urgent", letters(6, 9), max_tokens=2, priority=0.0, seat_limit=2))
+    engine.add_request(request("lowest", letters(6, 8), max_tokens=2, priority=-3.0, seat_limit=2))
+    collect(engine.step(), results)
+    assert [s.request_id for s in engine.last_schedule.preempted] == ["low"]
+    assert sorted(s.request_id for s in engine.scheduler.running) == ["mid", "urgent"]
+    while engine.has_unfinished():
+        collect(engine.step(), results)
+        assert len(engine.scheduler.running) <= 2
+        engine.check_integrity()
+    assert [len(results[r].token_ids) for r in ("low", "mid", "urgent", "lowest")] == [4, 4, 2, 2]
+
+
+def test_no_seat_limit_leaves_max_num_seqs() -> None:
+    engine, _ = make_engine(block_size=4, num_blocks=64, max_num_seqs=3)
+    engine.add_request(request("a", letters(6, 1), max_tokens=2, seat_limit=0))
+    assert engine.scheduler.seats == 3
+    engine.add_request(request("b", letters(6, 2), max_tokens=2, seat_limit=10))
+    assert engine.scheduler.seats == 3  # a knee above the engine's own seats changes nothing
+
+
 class _ByOutputLength:
     """A PriorityRule: fewer generated tokens = more urgent (least attained service per call)."""
 

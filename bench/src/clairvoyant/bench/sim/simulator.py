@@ -474,6 +474,7 @@ class Simulator:
                 detokenize=False,
                 program_wait_s=decision.program_wait_s,
                 program_service_s=decision.program_service_s,
+                seat_limit=decision.worker.admission_limit,
             )
         )
 

@@ -84,4 +84,5 @@ def placed_generate_request(
     msg.scheduler_preset = placement.preset
     msg.program_wait_s = placement.program_wait_s
     msg.program_service_s = placement.program_service_s
+    msg.seat_limit = placement.seat_limit
     return msg

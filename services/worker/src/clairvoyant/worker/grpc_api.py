@@ -256,6 +256,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     program_wait_s=request.program_wait_s,
                     program_service_s=request.program_service_s,
                 )
+                engine_request.seat_limit = request.seat_limit
             except ClairvoyantError as err:
                 await abort(context, err)
             except ValueError as exc:

@@ -34,7 +34,7 @@ class ScheduleRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model: _Optional[str] = ..., app_metadata: _Optional[_Union[_common_pb2.AppMetadata, _Mapping]] = ..., annotations: _Optional[_Union[_common_pb2.SysAnnotations, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., max_tokens: _Optional[int] = ..., exclude_workers: _Optional[_Iterable[str]] = ..., owner: _Optional[str] = ..., prompt_block_hashes: _Optional[_Iterable[int]] = ..., input_text: _Optional[str] = ...) -> None: ...
 
 class Placement(_message.Message):
-    __slots__ = ("request_id", "worker_id", "worker_address", "base_priority", "queue_wait_s", "cache_hints", "preset", "lease_s", "program_wait_s", "program_service_s", "model")
+    __slots__ = ("request_id", "worker_id", "worker_address", "base_priority", "queue_wait_s", "cache_hints", "preset", "lease_s", "program_wait_s", "program_service_s", "model", "seat_limit")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +46,7 @@ class Placement(_message.Message):
     PROGRAM_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_SERVICE_S_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    SEAT_LIMIT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     worker_id: str
     worker_address: str
@@ -57,7 +58,8 @@ class Placement(_message.Message):
     program_wait_s: float
     program_service_s: float
     model: str
-    def __init__(self, request_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., worker_address: _Optional[str] = ..., base_priority: _Optional[float] = ..., queue_wait_s: _Optional[float] = ..., cache_hints: _Optional[_Iterable[str]] = ..., preset: _Optional[str] = ..., lease_s: _Optional[float] = ..., program_wait_s: _Optional[float] = ..., program_service_s: _Optional[float] = ..., model: _Optional[str] = ...) -> None: ...
+    seat_limit: int
+    def __init__(self, request_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., worker_address: _Optional[str] = ..., base_priority: _Optional[float] = ..., queue_wait_s: _Optional[float] = ..., cache_hints: _Optional[_Iterable[str]] = ..., preset: _Optional[str] = ..., lease_s: _Optional[float] = ..., program_wait_s: _Optional[float] = ..., program_service_s: _Optional[float] = ..., model: _Optional[str] = ..., seat_limit: _Optional[int] = ...) -> None: ...
 
 class CompleteRequest(_message.Message):
     __slots__ = ("request_id", "worker_id", "status", "output_tokens")

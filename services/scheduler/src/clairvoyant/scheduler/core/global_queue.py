@@ -250,7 +250,7 @@ class GlobalScheduler(SchedulerInspection):
             self._rebalancing.rebalance(now)
         decisions: list[Decision] = []
         for model in self._queues.models():
-            if not self._queues.depth(model) or not self._workers.can_take(model):
+            if not self._queues.depth(model) or not (self._workers.can_take(model) or self._workers.can_seat(model)):
                 continue  # nothing can move: skip ranking a long queue
             if self._assigner is not None and model in self._workers.groups:
                 self._dispatch_group(model, now, decisions)
@@ -259,20 +259,46 @@ class GlobalScheduler(SchedulerInspection):
             while (top := self._queues.head(model, ranked)) is not None:
                 negated, _, _, request = top
                 worker_id = self.routing_policy.route(request, self._workers.views(), now)
-                if worker_id is None:
+                if worker_id is None and self._workers.admission is not None:
+                    worker_id = self._displacing_worker(request, -negated)
+                    if worker_id is None:
+                        break
+                elif worker_id is None:
                     break  # it stays at the top of a fixed-priority heap
-                chosen = self._workers.get(worker_id)
-                if chosen is None or not eligible_workers(request, [chosen]):
-                    raise RuntimeError(f"routing policy chose ineligible worker {worker_id!r}")
+                else:
+                    chosen = self._workers.get(worker_id)
+                    if chosen is None or not eligible_workers(request, [chosen]):
+                        raise RuntimeError(f"routing policy chose ineligible worker {worker_id!r}")
                 self._queues.take_head(model, ranked)
                 decisions.append(self._place(request, worker_id, -negated, now))
         return decisions
+
+    def _displacing_worker(self, request: QueuedRequest, priority: float) -> str | None:
+        """Admission at the knee (``Capability.ADMITS``): a worker at its limit where ``request``
+        may still go because it holds a less urgent placement, which the engine's seat limit (the
+        same knee, sent with the placement) then preempts for it.  The worker whose least urgent
+        placement is least urgent, then the smaller id; only one with a seat left (max_batch) and
+        otherwise eligible.  None: every placement is at least as urgent, so ``request`` waits."""
+        best: tuple[float, str] | None = None
+        for worker in self._workers.views():
+            if (
+                worker.model != request.model
+                or worker.draining
+                or worker.worker_id in request.exclude_workers
+                or worker.placed >= worker.max_batch
+                or worker.placed < (worker.admission_limit or worker.max_batch)  # has room: routing said no
+            ):
+                continue
+            lowest = self._placements.least_urgent(worker.worker_id)
+            if lowest is not None and lowest < priority and (best is None or (lowest, worker.worker_id) < best):
+                best = (lowest, worker.worker_id)
+        return None if best is None else best[1]
 
     def _place(self, request: QueuedRequest, worker_id: str, priority: float, now: float) -> Decision:
         """Count the placement of ``request`` (out of its queue) on ``worker_id``."""
         worker = self._workers.add_placed(worker_id, +1)
         assert worker is not None
-        self._placements.place(request, worker_id, now)
+        self._placements.place(request, worker_id, now, priority)
         if request.prompt_block_hashes:
             self.kv_index.speculate(worker_id, request, now)
         kv_source = None if self._migrating is None else self._migrating.kv_source(request, worker_id)

@@ -19,6 +19,7 @@ class Placement(NamedTuple):
     worker_id: str
     request: QueuedRequest
     dispatch_time: float
+    priority: float = 0.0  # the base priority it was placed with
 
 
 class PlacementBook:
@@ -31,9 +32,10 @@ class PlacementBook:
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._placements
 
-    def place(self, request: QueuedRequest, worker_id: str, now: float) -> None:
-        """``request`` (holding no placement) is placed on ``worker_id`` at ``now``."""
-        self._placements[request.request_id] = Placement(worker_id, request, now)
+    def place(self, request: QueuedRequest, worker_id: str, now: float, priority: float = 0.0) -> None:
+        """``request`` (holding no placement) is placed on ``worker_id`` at ``now`` with base
+        priority ``priority``."""
+        self._placements[request.request_id] = Placement(worker_id, request, now, priority)
         if self.leases is not None:
             self.leases.grant(request.request_id, worker_id, request.owner, now)
         self._placed_on.setdefault(worker_id, {})[request.request_id] = request
@@ -70,6 +72,13 @@ class PlacementBook:
         if self.leases is not None:
             self.leases.forget_worker(worker_id)
         return placements
+
+    def least_urgent(self, worker_id: str) -> float | None:
+        """The lowest base priority among the placements on ``worker_id``; None when it holds none."""
+        held = self._placed_on.get(worker_id)
+        if not held:
+            return None
+        return min(self._placements[request_id].priority for request_id in held)
 
     def worker_of(self, request_id: str) -> str | None:
         held = self._placements.get(request_id)

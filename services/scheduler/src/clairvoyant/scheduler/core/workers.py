@@ -116,6 +116,13 @@ class WorkerRegistry:
         models = self.groups.get(model) or (model,)
         return any(w.model in models and w.has_room and not w.draining for w in self._views.values())
 
+    def can_seat(self, model: str) -> bool:
+        """With an admission limit (``admission``): has some worker of ``model`` a seat left below
+        its max_batch, where a call more urgent than one it holds may still go?"""
+        return self.admission is not None and any(
+            w.model == model and w.placed < w.max_batch and not w.draining for w in self._views.values()
+        )
+
     def expect(self, models: Iterable[str]) -> None:
         """From now on ``models`` (and no others) stay schedulable with no live worker: one is
         on its way (an autoscaler is starting it)."""

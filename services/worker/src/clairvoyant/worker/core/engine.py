@@ -198,6 +198,7 @@ class LLMEngine:
         self._seqs[req.request_id] = choices
         self._prompt_tokens_total += prompt_len
         self.scheduler.follow_preset(req.scheduler_preset)
+        self.scheduler.seat_limit = req.seat_limit
         self.scheduler.add(first)
         if self.tiers is not None:
             self.tiers.on_arrival(first, arrival)

@@ -1,6 +1,7 @@
 """Local scheduling: which sequences run this step, with how many tokens, and who gets preempted.
 
-Each step has a token budget (``max_num_batched_tokens``) and a seat limit (``max_num_seqs``):
+Each step has a token budget (``max_num_batched_tokens``) and a seat limit (``max_num_seqs``, or the
+global scheduler's knee when it sends a lower one with its placements, ``seat_limit``):
 
 1. running sequences with one uncomputed token (decodes) take one token each, most urgent first;
 2. what is left goes to prefill chunks of partially-prefilled and waiting sequences, most urgent
@@ -68,6 +69,7 @@ class Scheduler:
     ) -> None:
         self.kv = block_manager
         self.max_num_seqs = max_num_seqs
+        self.seat_limit = 0  # the scheduler's knee, from the latest placement (0: max_num_seqs alone)
         self.max_num_batched_tokens = max_num_batched_tokens
         self.aging_rate = aging_rate
         self.waiting: list[Sequence] = []
@@ -84,6 +86,12 @@ class Scheduler:
         assert seq.status is SequenceStatus.WAITING and not seq.block_table
         self.waiting.append(seq)
         self.num_background += seq.background
+
+    @property
+    def seats(self) -> int:
+        """Sequences that may run at once: max_num_seqs, or the scheduler's knee when lower."""
+        limit = self.seat_limit
+        return self.max_num_seqs if limit <= 0 else min(limit, self.max_num_seqs)
 
     def follow_preset(self, preset: str) -> bool:
         """Install ``preset``'s rule if another one is installed; True when the rule changed.
@@ -228,7 +236,7 @@ class _Step:
 
     def admit(self, seq: Sequence) -> bool:
         """Move a waiting ``seq`` to running with its first chunk; False closes admission this step."""
-        if len(self.sched.running) >= self.sched.max_num_seqs:
+        if len(self.sched.running) >= self.sched.seats:
             victim = self._victim_below(seq)
             if victim is None:
                 return False

@@ -43,6 +43,10 @@ class EngineRequest:
     program_service_s: float = 0.0
     # sampling.constraint compiled (core/grammar.py); None: the engine compiles it when added
     grammar: xgr.CompiledGrammar | None = None
+    # The scheduler's admission limit for this engine at the placement (its knee): the engine runs
+    # at most this many sequences, preempting the least urgent for a more urgent one; 0: no limit
+    # beyond max_num_seqs.  The latest placement's value holds for the whole engine.
+    seat_limit: int = 0
 
 
 @dataclass
