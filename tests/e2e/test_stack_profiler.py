@@ -1,10 +1,9 @@
 """The profiler in a running stack: it learns a workflow from the traffic the OpenAI SDK sends through
 the gateway, and the next request of that workflow comes back annotated with what it learned.
 
-A profile leaves shadow only once its agents' service times (wall clock, measured at the gateway)
-have converged.  The worker is emulated, so a call takes what the cost model says however busy this
-machine is; a tiny-random worker's calls stretched and shrank with the machine's load, and on a
-loaded CI machine the profile stayed in shadow.
+A profile leaves shadow only once its agents' output lengths and next-step paths have converged
+(service times depend on load and no longer gate it).  The worker is emulated, so a call's output
+length is what the request asks for however busy this machine is.
 """
 
 from __future__ import annotations
@@ -105,10 +104,10 @@ def test_the_profiler_learns_a_chain_and_annotates_its_next_requests(stack: Stac
     first = call(client, "wf-0", "planner", 4)
     assert first.get("confidence") == "CONFIDENCE_NONE"  # never seen: nothing predicted
 
-    # A profile leaves shadow once every agent's service-time distribution has converged (checked
-    # each time its sample count doubles).  The emulated worker keeps service times steady, so the
-    # first checkpoint normally does; should a loaded machine still shift them, the chain runs on
-    # up to the next checkpoint, each time after the profiler has ingested every closed workflow.
+    # A profile leaves shadow once every agent's output lengths and next-step path have converged
+    # (checked each time the closed workflows double).  The chain fixes both, so the first
+    # checkpoint normally does; should it not, the chain runs on up to the next checkpoint, each
+    # time after the profiler has ingested every closed workflow.
     done, target = 0, WORKFLOWS
     while True:
         for i in range(done, target):

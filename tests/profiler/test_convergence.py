@@ -90,16 +90,18 @@ def test_convergence_happens_at_a_workflow_count_not_a_call_count() -> None:
 
 
 def test_agents_absent_from_a_workflow_are_still_checked_on_its_count() -> None:
-    """A profile-level test: agent "b" is not in the 16th workflow, yet its check runs then."""
+    """A profile-level test: agent "a" is not in the 16th workflow, yet its checks run then."""
     stats = LearnedWorkloadStats(max_traces=100)
     for number in range(1, 17):
-        agents = "ab" if number < 16 else "a"
+        agents = "ab" if number < 16 else "b"
         calls = [
             TraceCall(f"{number}-{k}", agent, 2.0 * k, 2.0 * k + 1.0, 10, 10)
             for k, agent in enumerate(agents)
         ]
         stats.observe(build_trace(f"w{number}", calls), number)
-    assert stats.agents["b"].service_convergence.converged_at_workflows == 16
+    a = stats.agents["a"]
+    for tracker in (a.output_convergence, a.path_convergence, a.service_convergence):
+        assert tracker.converged_at_workflows == 16
     assert stats.converged()
 
 

@@ -185,7 +185,9 @@ def test_annotation_of_a_live_instance(trained: WorkflowProfile) -> None:
 
 def test_annotate_on_a_20_agent_profile() -> None:
     agents = [f"agent{i}" for i in range(20)]
-    profile = WorkflowProfile("acme", "big", ProfileConfig(confidence=ConfidenceConfig(min_instances=5)))
+    # 80 runs: some of the 20 agents' output lengths are still converging (not what this tests)
+    config = ProfileConfig(confidence=ConfidenceConfig(min_instances=5, require_convergence=False))
+    profile = WorkflowProfile("acme", "big", config)
     rng = np.random.default_rng(4)
 
     def twenty(rng: np.random.Generator) -> list[Step]:
@@ -223,9 +225,11 @@ def test_state_round_trip_through_json(trained: WorkflowProfile) -> None:
 
 
 def test_new_version_resets_to_shadow_and_drops_stale_records() -> None:
-    profile = WorkflowProfile(
-        "acme", "coding", ProfileConfig(confidence=ConfidenceConfig(min_instances=30, high_instances=40))
+    # 70 runs: the planner's output lengths converge only at 128 (not what this tests)
+    config = ProfileConfig(
+        confidence=ConfidenceConfig(min_instances=30, high_instances=40, require_convergence=False)
     )
+    profile = WorkflowProfile("acme", "coding", config)
     rng = np.random.default_rng(7)
     feed(profile, 70, rng, version="v1")
     assert profile.confidence.tier is Tier.HIGH
@@ -240,8 +244,9 @@ def test_new_version_resets_to_shadow_and_drops_stale_records() -> None:
 
 def test_drifting_workflow_drops_back_to_shadow() -> None:
     """The application changes shape without a new version: the acceptance drop demotes it."""
-    config = ProfileConfig(
-        resynthesize_every=1000, confidence=ConfidenceConfig(min_instances=30, high_instances=40)
+    config = ProfileConfig(  # 75 runs: not yet converged, which this does not test
+        resynthesize_every=1000,
+        confidence=ConfidenceConfig(min_instances=30, high_instances=40, require_convergence=False),
     )
     profile = WorkflowProfile("acme", "coding", config)
     rng = np.random.default_rng(8)

@@ -1,5 +1,5 @@
 """Prediction-quality fixes: the incremental trace of open instances, latched Kairos convergence on
-service times, dominant bounds widened only at singleton extremes, and the priority-ordering
+output lengths and paths, dominant bounds widened only at singleton extremes, and the priority-ordering
 metric's pair rules."""
 
 from __future__ import annotations
@@ -97,9 +97,10 @@ def test_convergence_latches_once_a_doubling_check_passes() -> None:
     assert tracker.converged and tracker.converged_at_workflows == 16
 
 
-def test_convergence_gates_on_service_times_of_agents_with_5_percent_of_calls() -> None:
-    """Workflow length grows run after run (3 to 48 steps) and does not gate; the rare agent "z"
-    (1 call in 100+) is left out."""
+def test_convergence_gates_on_lengths_and_paths_of_agents_with_5_percent_of_calls() -> None:
+    """Workflow length grows run after run (3 to 48 steps) and so do service times (as a queue
+    builds): neither gates.  Output lengths and the step after each agent are steady, so the
+    profile converges; the rare agent "z" (1 call in 100+) is left out."""
     profile = WorkflowProfile("t", "varied")
     rng = np.random.default_rng(0)
     for i in range(16):
@@ -108,14 +109,45 @@ def test_convergence_gates_on_service_times_of_agents_with_5_percent_of_calls() 
         for j in range(n):
             agent = "z" if (i, j) == (0, 0) else "ab"[j % 2]
             end = j == n - 1
-            c = TraceCall(f"w{i}-{j}", agent, t, t + 1.0 + 0.01 * float(rng.random()), 10, 10)
+            service = (1.0 + i) * (1.0 + 0.01 * float(rng.random()))  # slower in every later run
+            c = TraceCall(f"w{i}-{j}", agent, t, t + service, 10, 10)
             profile.ingest(record(c, f"w{i}", end))
-            t += 2.0
+            t += service + 1.0
     assert not profile.steps_convergence.converged
-    assert profile.agents["z"].calls == 1 and not profile.agents["z"].service_convergence.converged
-    assert profile.agents["a"].service_convergence.converged
-    assert profile.agents["b"].service_convergence.converged
+    assert profile.agents["z"].calls == 1 and not profile.agents["z"].output_convergence.converged
+    for agent in "ab":
+        stats = profile.agents[agent]
+        assert not stats.service_convergence.converged
+        assert stats.output_convergence.converged and stats.path_convergence.converged
     assert profile.converged()
+
+
+def test_lengths_or_a_path_that_keep_changing_keep_a_profile_unconverged() -> None:
+    """32 runs of a -> (b or c) -> d.  Drifting output lengths of one agent, or the agent after "a"
+    changing from b to c at run 13, fail every check (16 and 32) and hold the profile back."""
+
+    def run(drifting_lengths: bool, switch_at: int) -> WorkflowProfile:
+        profile = WorkflowProfile("t", "drift")
+        for i in range(1, 33):
+            middle = "b" if i < switch_at else "c"
+            for j, agent in enumerate(("a", middle, "d")):
+                tokens = 10 * i if drifting_lengths and agent == "d" else 10
+                start = i * 1000.0 + 2.0 * j
+                c = TraceCall(f"w{i}-{j}", agent, start, start + 1.0, 10, tokens)
+                profile.ingest(record(c, f"w{i}", j == 2))
+        return profile
+
+    steady = run(drifting_lengths=False, switch_at=100)
+    assert steady.converged()
+    lengths = run(drifting_lengths=True, switch_at=100)
+    d = lengths.agents["d"]
+    assert not d.output_convergence.converged and d.path_convergence.converged
+    assert not lengths.converged()
+    path = run(drifting_lengths=False, switch_at=13)
+    a = path.agents["a"]
+    assert a.output_convergence.converged and not a.path_convergence.converged
+    assert a.path_convergence.distance == pytest.approx(0.375)  # b in 12 of 16 runs, then in 12 of 32
+    assert not path.converged()
 
 
 def test_singleton_extremes_are_widened_by_one_mean_spacing() -> None:

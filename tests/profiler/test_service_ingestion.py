@@ -43,6 +43,7 @@ def settings(nats_url: str, database_url: str, **overrides: object) -> ProfilerS
         "ack_wait_s": 30.0,
         "min_instances": 10,
         "high_instances": 40,
+        "require_convergence": False,
         "resynthesize_every": 10,
         **overrides,
     }

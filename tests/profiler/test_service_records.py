@@ -56,9 +56,11 @@ def completion_records(
 
 
 def small_config(min_instances: int = 10) -> ProfileConfig:
-    """Leaves shadow after ``min_instances`` closed instances (the tests' workloads are small)."""
+    """Leaves shadow after ``min_instances`` closed instances, converged or not (the tests'
+    workloads are small: Listing 1's once-per-run agents' output lengths converge at 128 runs)."""
     return ProfileConfig(
-        resynthesize_every=10, confidence=ConfidenceConfig(min_instances=min_instances, high_instances=40)
+        resynthesize_every=10,
+        confidence=ConfidenceConfig(min_instances=min_instances, high_instances=40, require_convergence=False),
     )
 
 

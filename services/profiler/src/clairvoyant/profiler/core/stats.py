@@ -5,8 +5,9 @@
 the p50/p99 output-length interval, conditional on the previous call's length for high-CV agents,
 service time, remaining latency, gap after).  ``ConvergenceTracker`` is Kairos' doubling check,
 counted in closed workflows (first at ``FIRST_CHECK``) and passed when the bootstrap upper bound of
-the relative W1 is <= ``DEFAULT_CONVERGENCE_THRESHOLD``; it latches once passed.  ``wasserstein`` is
-the exact 1-D distance.  The summary of an empty window is None.
+the distance (relative W1 for numbers, total variation for categories) is <=
+``DEFAULT_CONVERGENCE_THRESHOLD``; it latches once passed.  ``wasserstein`` is the exact 1-D
+distance.  The summary of an empty window is None.
 What is measured, from which paper, and why convergence latches: docs/profiler.md,
 "Per-agent statistics and convergence".
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import heapq
 import zlib
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
@@ -68,6 +69,23 @@ def relative_distance(before: np.ndarray, now: np.ndarray) -> float:
     return float(np.mean(np.abs(current - sketch(before)))) / scale if scale > 0 else 0.0
 
 
+def category_distance(before: np.ndarray, now: np.ndarray) -> float:
+    """Total variation distance between the category frequencies of ``before`` and ``now`` (dense
+    category indices 0, 1, 2, ... as floats): half the summed |difference|, in [0, 1]."""
+    size = int(max(before.max(initial=0), now.max(initial=0))) + 1
+    old = np.bincount(before.astype(np.int64), minlength=size) / max(before.size, 1)
+    new = np.bincount(now.astype(np.int64), minlength=size) / max(now.size, 1)
+    return 0.5 * float(np.abs(old - new).sum())
+
+
+def category_code(name: str) -> float:
+    """A stable number for a category (CRC-32: exact as a float, the same in every process)."""
+    return float(zlib.crc32(name.encode()))
+
+
+Distance = Callable[[np.ndarray, np.ndarray], float]
+
+
 class Comparison(NamedTuple):
     """One doubling check: the observed relative W1 and its bootstrap upper bound."""
 
@@ -76,9 +94,13 @@ class Comparison(NamedTuple):
 
 
 def compare_halves(
-    values: np.ndarray, workflow_of: np.ndarray, split: int, confidence: float
+    values: np.ndarray,
+    workflow_of: np.ndarray,
+    split: int,
+    confidence: float,
+    distance: Distance = relative_distance,
 ) -> Comparison | None:
-    """Relative W1 between the samples of workflows <= ``split`` ("before") and all of them, and the
+    """``distance`` between the samples of workflows <= ``split`` ("before") and all of them, and the
     ``confidence`` quantile of the same distance under a stratified cluster bootstrap: workflows (not
     calls: the calls of one workflow move together) are redrawn with replacement on each side.
     None when either side has fewer than ``MIN_CLUSTERS`` workflows.  The generator is seeded from
@@ -92,13 +114,13 @@ def compare_halves(
     bounds = np.searchsorted(workflow_of[order], ids)
     clusters = np.split(values[order], bounds[1:])
     old, new = clusters[: old_ids.size], clusters[old_ids.size :]
-    observed = relative_distance(np.concatenate(old), values)
+    observed = distance(np.concatenate(old), values)
     rng = np.random.default_rng([split, zlib.crc32(values.tobytes())])
     replicates = np.empty(BOOTSTRAP_REPLICATES)
     for r in range(BOOTSTRAP_REPLICATES):
         before = np.concatenate([old[i] for i in rng.integers(0, len(old), len(old))])
         after = np.concatenate([new[i] for i in rng.integers(0, len(new), len(new))])
-        replicates[r] = relative_distance(before, np.concatenate([before, after]))
+        replicates[r] = distance(before, np.concatenate([before, after]))
     return Comparison(observed, float(np.quantile(replicates, confidence)))
 
 
@@ -125,6 +147,8 @@ class ConvergenceTracker:
     statistics and convergence").  The distribution is all samples since the start, held as a
     uniform sample of at most ``RESERVOIR`` of them: the ones of lowest ``_priority``, a hash of the
     workflow number and arrival position, so the same stream always keeps the same samples.
+    ``categorical``: the samples are category codes (``category_code``) and the distance is total
+    variation (``category_distance``) instead of the relative W1.
     """
 
     threshold: float = DEFAULT_CONVERGENCE_THRESHOLD
@@ -137,6 +161,7 @@ class ConvergenceTracker:
     converged_at_samples: int | None = None  # samples seen then
     converged_at_workflows: int | None = None
     seen: int = 0  # samples added
+    categorical: bool = False
     # max-heap on priority (stored negated): [-priority, value, workflow]
     reservoir: list[list[float]] = field(default_factory=list)
 
@@ -156,7 +181,13 @@ class ConvergenceTracker:
             self.next_check *= 2
         if self.last_check is not None and self.reservoir:
             held = np.asarray(self.reservoir, dtype=float)
-            result = compare_halves(held[:, 1], held[:, 2].astype(np.int64), self.last_check, self.confidence)
+            values, distance = held[:, 1], relative_distance
+            if self.categorical:  # codes -> dense indices, once: each replicate only counts them
+                values = np.unique(values, return_inverse=True)[1].astype(float)
+                distance = category_distance
+            result = compare_halves(
+                values, held[:, 2].astype(np.int64), self.last_check, self.confidence, distance
+            )
             if result is not None:
                 self.distance, self.upper = result
                 if result.upper <= self.threshold and not self.converged:
@@ -242,7 +273,8 @@ class AgentSummary:
     gap_after_s: Summary | None
     length_model: LengthModel | None  # only for high-CV agents with a strong consecutive correlation
     output_len_converged: bool
-    service_converged: bool
+    service_converged: bool  # tracked, not gating: it depends on load (docs/profiler.md)
+    path_converged: bool  # the distribution of the step after this agent's calls
 
     def length_interval(self, previous_output_len: float | None = None) -> tuple[float, float] | None:
         """(p50, p99) of the next output length; conditional on the previous call when that helps."""
@@ -257,9 +289,17 @@ def _window() -> deque[float]:
     return deque(maxlen=MAX_SAMPLES)
 
 
+def _path_tracker() -> ConvergenceTracker:
+    return ConvergenceTracker(categorical=True)
+
+
+END_OF_WORKFLOW = ""  # the "next step" of a call in a workflow's last step
+
+
 @dataclass
 class LearnedAgentStats:
-    """The running samples of one agent (sliding windows) and their convergence trackers."""
+    """The running samples of one agent (sliding windows) and their convergence trackers: output
+    length, service time, and the path after the agent (which step follows its calls)."""
 
     agent_id: str
     calls: int = 0
@@ -270,6 +310,7 @@ class LearnedAgentStats:
     pairs: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=MAX_SAMPLES))
     output_convergence: ConvergenceTracker = field(default_factory=ConvergenceTracker)
     service_convergence: ConvergenceTracker = field(default_factory=ConvergenceTracker)
+    path_convergence: ConvergenceTracker = field(default_factory=_path_tracker)
 
     def add_call(
         self,
@@ -279,7 +320,10 @@ class LearnedAgentStats:
         gap_after_s: float | None,
         previous_output_len: float | None,
         workflows: int,
+        next_step: str = END_OF_WORKFLOW,
     ) -> None:
+        """One call of closed workflow number ``workflows``; ``next_step``: the step that followed
+        its step (``str(Step)``), ``END_OF_WORKFLOW`` when none did."""
         self.calls += 1
         self.output_len.append(float(output_len))
         self.service_s.append(max(float(service_s), 0.0))
@@ -290,12 +334,14 @@ class LearnedAgentStats:
             self.pairs.append((float(previous_output_len), float(output_len)))
         self.output_convergence.add(self.output_len[-1], workflows)
         self.service_convergence.add(self.service_s[-1], workflows)
+        self.path_convergence.add(category_code(next_step), workflows)
 
     def check_convergence(self, workflows: int) -> None:
         """Run the convergence checks due once ``workflows`` instances have closed (every agent's,
         whether or not it took part in the last one)."""
         self.output_convergence.check(workflows)
         self.service_convergence.check(workflows)
+        self.path_convergence.check(workflows)
 
     def summary(self) -> AgentSummary:
         lengths = Summary.of(list(self.output_len))
@@ -314,6 +360,7 @@ class LearnedAgentStats:
             model,
             self.output_convergence.converged,
             self.service_convergence.converged,
+            self.path_convergence.converged,
         )
 
     def consecutive_correlation(self) -> float | None:
@@ -331,6 +378,7 @@ class LearnedAgentStats:
             "pairs": [list(p) for p in self.pairs],
             "output_convergence": self.output_convergence.to_state(),
             "service_convergence": self.service_convergence.to_state(),
+            "path_convergence": self.path_convergence.to_state(),
         }
 
     @classmethod
@@ -341,4 +389,6 @@ class LearnedAgentStats:
         stats.pairs.extend((float(a), float(b)) for a, b in state["pairs"])
         stats.output_convergence = ConvergenceTracker.from_state(state["output_convergence"])
         stats.service_convergence = ConvergenceTracker.from_state(state["service_convergence"])
+        if "path_convergence" in state:  # states saved before the path was tracked start it afresh
+            stats.path_convergence = ConvergenceTracker.from_state(state["path_convergence"])
         return stats

@@ -3,7 +3,8 @@
 ``LearnedWorkloadStats.observe(trace, instance)`` folds one closed trace in: per-agent output lengths,
 service times, remaining latency and gap after (``stats.LearnedAgentStats``), the gaps after each named
 tool, and the workflow's step count and duration (sliding windows of ``max_traces``).
-``converged()`` is Kairos §4.3's test over the agents, checked at doublings of the closed workflows.  Never raises on a valid trace;
+``converged()`` is Kairos §4.3's test over the agents' output lengths and paths, checked at doublings of
+the closed workflows.  Never raises on a valid trace;
 ``to_state``/``from_state`` round-trip through plain lists and dicts.
 """
 
@@ -14,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from clairvoyant.profiler.core.stats import ConvergenceTracker, LearnedAgentStats
+from clairvoyant.profiler.core.stats import END_OF_WORKFLOW, ConvergenceTracker, LearnedAgentStats
 from clairvoyant.profiler.core.trace import WorkflowTrace
 
 CONVERGENCE_MIN_SHARE = 0.05  # agents with fewer of the calls do not gate convergence
@@ -37,6 +38,12 @@ class LearnedWorkloadStats:
         for i, group in enumerate(trace.calls):
             next_group = trace.calls[i + 1] if i + 1 < len(trace.calls) else ()
             next_start = min((c.start for c in next_group), default=None)
+            # the agents of the next step, not how many of each: a fan-out's width is not the path
+            next_step = (
+                "+".join(sorted(set(trace.steps[i + 1].agents)))
+                if i + 1 < len(trace.steps)
+                else END_OF_WORKFLOW
+            )
             for call in sorted(group, key=lambda c: c.start):
                 gap = None if next_start is None else next_start - call.end
                 stats = self.agents.setdefault(call.agent_id, LearnedAgentStats(call.agent_id))
@@ -47,6 +54,7 @@ class LearnedWorkloadStats:
                     gap,
                     last_len.get(call.agent_id),
                     instance,
+                    next_step,
                 )
             for call in group:
                 last_len[call.agent_id] = float(call.output_tokens)
@@ -66,15 +74,16 @@ class LearnedWorkloadStats:
         self.duration_convergence.check(instance)
 
     def converged(self) -> bool:
-        """Whether the service-time distribution of every agent that makes at least
-        ``CONVERGENCE_MIN_SHARE`` of the calls has converged (``stats.ConvergenceTracker``).
-        Workflow length and duration are tracked but do not gate (docs/profiler.md, "Per-agent
-        statistics and convergence")."""
+        """Whether, for every agent that makes at least ``CONVERGENCE_MIN_SHARE`` of the calls, the
+        output-length distribution and the distribution of the step after its calls have converged
+        (``stats.ConvergenceTracker``).  Neither depends on load; service times, workflow length
+        and duration are tracked but do not gate (docs/profiler.md, "Per-agent statistics and
+        convergence")."""
         total = sum(s.calls for s in self.agents.values())
         if total == 0:
             return False
         return all(
-            s.service_convergence.converged
+            s.output_convergence.converged and s.path_convergence.converged
             for s in self.agents.values()
             if s.calls >= CONVERGENCE_MIN_SHARE * total
         )
