@@ -25,6 +25,9 @@ def test_the_fraction_reaches_the_routing_policy() -> None:
     assert isinstance(sched.routing_policy, KneeAdmission)
     assert sched.routing_policy.knee.throughput_fraction == 0.3
     assert sim_scheduler("clairvoyant-knee", BURST) is None  # the preset's own
+    displacing = sim_scheduler("pythia-knee", dataclasses.replace(BURST, knee_displace=True))
+    assert displacing is not None and isinstance(displacing.routing_policy, KneeAdmission)
+    assert displacing.routing_policy.knee.displace and displacing.routing_policy.knee.throughput_fraction == 0.7
 
 
 def test_a_fraction_for_a_preset_without_a_knee_is_refused() -> None:

@@ -34,9 +34,9 @@ def call(rid: str, workflow: str, remaining: float, arrival: float = 0.0) -> Que
     )  # fmt: skip
 
 
-def knee_scheduler(fraction: float = 0.5) -> GlobalScheduler:
+def knee_scheduler(fraction: float = 0.5, *, displace: bool = False) -> GlobalScheduler:
     routing = ClairvoyantKneeRouting()
-    routing.knee = KneeConfig(fraction)
+    routing.knee = KneeConfig(fraction, displace=displace)
     return GlobalScheduler(ClairvoyantPriority(), routing, policy_name="clairvoyant-knee")
 
 
@@ -109,7 +109,7 @@ def test_a_waiting_call_is_never_held_back_by_a_less_urgent_one() -> None:
     the less urgent one); a placement beyond the knee displaces a less urgent one; and while calls
     wait, every worker is at its limit (work conservation)."""
     rng = random.Random(7)
-    sched = knee_scheduler(0.5)
+    sched = knee_scheduler(0.5, displace=True)
     priority = sched.priority_policy
     held: dict[str, tuple[str, float]] = {}  # placed call -> (worker, base priority)
     beyond_knee = 0
@@ -144,7 +144,7 @@ def test_a_waiting_call_is_never_held_back_by_a_less_urgent_one() -> None:
 
 
 def test_an_urgent_call_goes_beyond_the_knee_only_over_a_less_urgent_one() -> None:
-    sched = knee_scheduler(0.5)
+    sched = knee_scheduler(0.5, displace=True)
     sched.update_worker(report("w1", per_seq=0.005, max_batch=3), 0.0)  # knee 2, three seats
     sched.submit(call("far", "wf-far", 9), 0.0)
     sched.submit(call("mid", "wf-mid", 5), 0.0)
@@ -154,6 +154,7 @@ def test_an_urgent_call_goes_beyond_the_knee_only_over_a_less_urgent_one() -> No
     sched.submit(call("near", "wf-near", 0), 1.0)  # more urgent than "far": placed beyond the knee
     (decision,) = sched.dispatch(1.0)
     assert (decision.request_id, decision.worker.placed, decision.worker.admission_limit) == ("near", 3, 2)
+    assert decision.seat_limit == 2  # the engine runs two: it preempts "far" for "near"
     sched.submit(call("nearer", "wf-nearer", 0), 2.0)  # no seat left below max_batch
     assert sched.dispatch(2.0) == []
     assert sched.queue_depth("m") == 2
@@ -171,11 +172,25 @@ def test_the_knee_travels_with_the_placement_to_the_workers_generate_call() -> N
     from clairvoyant.gateway.messages import placed_generate_request
     from clairvoyant.scheduler import convert
 
+    for displace, seats in ((True, 2), (False, 0)):  # without displacement the engine needs no limit
+        sched = knee_scheduler(0.5, displace=displace)
+        sched.update_worker(report("w1", per_seq=0.005), 0.0)  # knee 2
+        sched.submit(call("c", "wf", 1), 0.0)
+        (decision,) = sched.dispatch(0.0)
+        placement = convert.placement(decision, "clairvoyant-knee")
+        assert placement.seat_limit == seats
+        generate = placed_generate_request(worker_pb2.GenerateRequest(request_id="c"), placement)
+        assert generate.seat_limit == seats
+
+
+def test_without_displacement_an_urgent_call_waits_for_a_seat_at_the_knee() -> None:
     sched = knee_scheduler(0.5)
-    sched.update_worker(report("w1", per_seq=0.005), 0.0)  # knee 2
-    sched.submit(call("c", "wf", 1), 0.0)
-    (decision,) = sched.dispatch(0.0)
-    placement = convert.placement(decision, "clairvoyant-knee")
-    assert placement.seat_limit == 2
-    generate = placed_generate_request(worker_pb2.GenerateRequest(request_id="c"), placement)
-    assert generate.seat_limit == 2
+    assert KneeConfig().displace is False
+    sched.update_worker(report("w1", per_seq=0.005, max_batch=3), 0.0)  # knee 2, three seats
+    for rid, remaining in (("far", 9), ("mid", 5)):
+        sched.submit(call(rid, f"wf-{rid}", remaining), 0.0)
+    assert len(sched.dispatch(0.0)) == 2
+    sched.submit(call("near", "wf-near", 0), 1.0)
+    assert sched.dispatch(1.0) == []  # late binding alone: it is first in line, not on a seat
+    sched.complete("far", now=2.0)
+    assert [d.request_id for d in sched.dispatch(2.0)] == ["near"]

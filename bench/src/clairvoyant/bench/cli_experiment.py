@@ -116,6 +116,9 @@ def add_parsers(commands: Any) -> None:
                          help="sim: for a preset that admits at the knee (clairvoyant-knee, pythia-knee), the "
                               "share of an engine's decode-throughput ceiling its admitted batch reaches, in (0, 1] "
                               "(default: the preset's, 0.7; docs/scheduling.md)")  # fmt: skip
+        sub.add_argument("--knee-displace", action="store_true",
+                         help="sim: with such a preset, a call more urgent than a worker's least urgent placement "
+                              "may be placed beyond the knee, the engine preempting for it")  # fmt: skip
         sub.add_argument("--annotations", choices=list(ANNOTATORS), default="none",
                          help="sim: what annotates each call: nothing, the profiler core (trained on a warm-up "
                               "instance, then online; profiler-path: without its remaining-work model) or the "
@@ -290,7 +293,7 @@ def run_command(args: argparse.Namespace) -> int:
         rate=args.rate, concurrency=args.concurrency, arrivals=args.arrivals, seed=args.seed,
         block_size=args.block_size, max_num_seqs=args.max_num_seqs, annotations=args.annotations,
         warmup_workflows=args.warmup_workflows, scaling=args.scaling, gpu_budget=args.gpu_budget, scale_interval_s=args.scale_interval,
-        placement=args.placement, knee_fraction=args.knee_fraction,
+        placement=args.placement, knee_fraction=args.knee_fraction, knee_displace=args.knee_displace,
         **tier_config(args),
     )  # fmt: skip
     try:
@@ -319,14 +322,14 @@ def run_command(args: argparse.Namespace) -> int:
         raise SystemExit(f"error: --block-size must be positive, got {args.block_size}")
     if args.max_num_seqs <= 0:
         raise SystemExit(f"error: --max-num-seqs must be positive, got {args.max_num_seqs}")
-    if args.knee_fraction is not None:
-        if not 0.0 < args.knee_fraction <= 1.0:
+    if args.knee_fraction is not None or args.knee_displace:
+        if args.knee_fraction is not None and not 0.0 < args.knee_fraction <= 1.0:
             raise SystemExit(f"error: --knee-fraction must be in (0, 1], got {args.knee_fraction}")
         if args.mode == "live":
-            raise SystemExit("error: --knee-fraction applies to --mode sim; live, it is the preset's")
+            raise SystemExit("error: --knee-fraction and --knee-displace apply to --mode sim; live, they are the preset's")
         for name in policies:
             if Capability.ADMITS not in capabilities_of(ROUTING_POLICIES.create(PRESETS.create(name).routing)):
-                raise SystemExit(f"error: --knee-fraction needs presets that admit at the knee; {name} does not")
+                raise SystemExit(f"error: --knee-fraction and --knee-displace need presets that admit at the knee; {name} does not")
     if args.mode == "live" and args.max_num_seqs != 256:
         raise SystemExit("error: --max-num-seqs applies to --mode sim; live workers use their own setting")
     if args.warmup_workflows < 0:

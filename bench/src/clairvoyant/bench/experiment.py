@@ -117,6 +117,7 @@ class ExperimentConfig:
     # The knee's throughput share φ for a preset that admits at the knee (policy/admission.py);
     # None: the preset's own (0.7).  Refused for a preset that does not.
     knee_fraction: float | None = None
+    knee_displace: bool = False  # ... and whether an urgent call may displace one beyond the knee
 
 
 SCALING_KEYS = ("scaling", "gpu_budget", "scale_interval_s")  # in a results file only with scaling on
@@ -425,14 +426,15 @@ def make_annotator(config: ExperimentConfig) -> Annotator | None:
 
 
 def sim_scheduler(policy: str, config: ExperimentConfig) -> GlobalScheduler | None:
-    """The run's scheduler when the config sets a policy parameter (the knee's φ); None: the
-    preset's own.  Raises ValueError for a knee fraction given to a preset that has no knee."""
-    if config.knee_fraction is None:
+    """The run's scheduler when the config sets a policy parameter (the knee's φ, displacement);
+    None: the preset's own.  Raises ValueError for a knee fraction given to a preset that has no knee."""
+    if config.knee_fraction is None and not config.knee_displace:
         return None
     priority, routing = build_policies(policy)
     if Capability.ADMITS not in capabilities_of(routing):
         raise ValueError(f"--knee-fraction needs a preset that admits at the knee; {policy!r} does not")
-    cast(KneeAdmission, routing).knee = KneeConfig(config.knee_fraction)
+    fraction = KneeConfig().throughput_fraction if config.knee_fraction is None else config.knee_fraction
+    cast(KneeAdmission, routing).knee = KneeConfig(fraction, displace=config.knee_displace)
     return GlobalScheduler(priority, routing, policy_name=policy, max_queue_per_model=1_000_000)
 
 

@@ -48,6 +48,9 @@ class KneeBench:
         parser.add_argument("--presets", default=",".join(KNEE_PRESETS), help="presets that admit at the knee")
         parser.add_argument("--references", default=",".join(REFERENCES),
                             help="presets run once each, without a knee, for reference")  # fmt: skip
+        parser.add_argument("--displace", default="off", choices=["off", "on", "both"],
+                            help="whether an urgent call may displace a less urgent one beyond the knee "
+                                 "(the engine then preempts for it); both: run each setting")  # fmt: skip
         parser.add_argument("--workflows", type=int, default=256)
         parser.add_argument("--arrivals", default="cron:period_s=100000,batch=256",
                             help="the arrival process (default: one burst of 256 workflows)")  # fmt: skip
@@ -68,11 +71,13 @@ class KneeBench:
             for reference in [BASELINE, *(p for p in args.references.split(",") if p)]:
                 tasks.append(SimTask(config, reference, annotator, run_sim))
                 labels.append((workload, reference, None))
+            settings = {"off": [False], "on": [True], "both": [False, True]}[args.displace]
             for preset in [p for p in args.presets.split(",") if p]:
-                for fraction in args.fractions:
-                    knee = dataclasses.replace(config, knee_fraction=fraction)
-                    tasks.append(SimTask(knee, preset, annotator, run_sim))
-                    labels.append((workload, preset, fraction))
+                for displace in settings:
+                    for fraction in args.fractions:
+                        knee = dataclasses.replace(config, knee_fraction=fraction, knee_displace=displace)
+                        tasks.append(SimTask(knee, preset, annotator, run_sim))
+                        labels.append((workload, preset + (" +displace" if displace else ""), fraction))
         jobs = args.jobs or default_jobs(len(tasks))
         progress(f"{len(tasks)} simulations, {jobs} at a time")
         results = run_tasks(tasks, jobs=jobs)
@@ -94,5 +99,5 @@ class KneeBench:
             rows=rows,
             notes=[f"ratios against {BASELINE} on the same instance; phi 1.0 = no admission limit"],
             params={k: v for k, v in vars(args).items() if k in
-                    ("workloads", "fractions", "presets", "references", "workflows", "arrivals", "annotations", "seed")},  # fmt: skip
+                    ("workloads", "fractions", "presets", "references", "displace", "workflows", "arrivals", "annotations", "seed")},  # fmt: skip
         )

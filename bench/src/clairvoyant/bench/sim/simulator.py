@@ -474,7 +474,7 @@ class Simulator:
                 detokenize=False,
                 program_wait_s=decision.program_wait_s,
                 program_service_s=decision.program_service_s,
-                seat_limit=decision.worker.admission_limit,
+                seat_limit=decision.seat_limit,
             )
         )
 

@@ -36,6 +36,9 @@ class KneeConfig:
     # φ: the share of the batch's throughput ceiling that the admitted batch reaches (1: no limit).
     # 0.7 measured best of 0.4-1.0 on two workloads under a burst (docs/scheduling.md).
     throughput_fraction: float = 0.7
+    # A call more urgent than a worker's least urgent placement may be placed beyond the knee, the
+    # engine then preempting for it (docs/scheduling.md).  Off: measured worse on deep_research.
+    displace: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 < self.throughput_fraction <= 1.0:
@@ -61,3 +64,6 @@ class KneeAdmission:
     def admission_limit(self, report: WorkerReport) -> int:
         """Placements the scheduler may hold on the reporting worker; 0: the scheduler's default."""
         return knee_batch(report, self.knee.throughput_fraction)
+
+    def displaces(self) -> bool:
+        return self.knee.displace

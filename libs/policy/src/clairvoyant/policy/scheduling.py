@@ -266,6 +266,12 @@ class Admitting(Protocol):
         (``admission.py``: late binding at the knee)."""
         ...
 
+    def displaces(self) -> bool:
+        """May a call more urgent than the least urgent placement on a worker at its limit be
+        placed there beyond it (up to max_batch)?  The placement then carries the limit as the
+        engine's seat limit (``Decision.seat_limit``), so the engine preempts for it.  Read once."""
+        ...
+
 
 PRIORITY_POLICIES: PolicyRegistry[PriorityPolicy] = PolicyRegistry("priority policy")
 ROUTING_POLICIES: PolicyRegistry[RoutingPolicy] = PolicyRegistry("routing policy")

@@ -113,6 +113,9 @@ class Decision(NamedTuple):
     # waiting and service time (0 without a program).  Placements carry them to the engine rules.
     program_wait_s: float = 0.0
     program_service_s: float = 0.0
+    # The engine's seat limit to send with the placement (the worker's knee, when the routing policy
+    # admits at the knee and displaces: ``Admitting.displaces``); 0: none.
+    seat_limit: int = 0
 
     @property
     def worker_id(self) -> str:

@@ -83,7 +83,7 @@ def placement(decision: Decision, preset: str = "", lease_s: float = 0.0) -> sch
         lease_s=lease_s,
         program_wait_s=decision.program_wait_s,
         program_service_s=decision.program_service_s,
-        seat_limit=decision.worker.admission_limit,
+        seat_limit=decision.seat_limit,
     )
 
 

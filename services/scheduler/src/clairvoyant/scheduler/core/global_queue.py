@@ -123,6 +123,7 @@ class GlobalScheduler(SchedulerInspection):
             engine_queue_factor=engine_queue_factor,
             admission=cast(Admitting, routing).admission_limit if Capability.ADMITS in routing_can else None,
         )
+        self._displaces = Capability.ADMITS in routing_can and cast(Admitting, routing).displaces()
         self._rebalancing = cast(Rebalancing, routing) if Capability.REBALANCES in routing_can else None
         self._migrating = cast(MigratesKv, routing) if Capability.MIGRATES_KV in routing_can else None
         self._observer = cast(WorkerObserver, routing) if Capability.OBSERVES_WORKERS in routing_can else None
@@ -250,7 +251,8 @@ class GlobalScheduler(SchedulerInspection):
             self._rebalancing.rebalance(now)
         decisions: list[Decision] = []
         for model in self._queues.models():
-            if not self._queues.depth(model) or not (self._workers.can_take(model) or self._workers.can_seat(model)):
+            can_move = self._workers.can_take(model) or (self._displaces and self._workers.can_seat(model))
+            if not self._queues.depth(model) or not can_move:
                 continue  # nothing can move: skip ranking a long queue
             if self._assigner is not None and model in self._workers.groups:
                 self._dispatch_group(model, now, decisions)
@@ -259,7 +261,7 @@ class GlobalScheduler(SchedulerInspection):
             while (top := self._queues.head(model, ranked)) is not None:
                 negated, _, _, request = top
                 worker_id = self.routing_policy.route(request, self._workers.views(), now)
-                if worker_id is None and self._workers.admission is not None:
+                if worker_id is None and self._displaces:
                     worker_id = self._displacing_worker(request, -negated)
                     if worker_id is None:
                         break
@@ -305,7 +307,8 @@ class GlobalScheduler(SchedulerInspection):
         wait = now - request.arrival_time
         program = self.programs.get(program_key(request))
         attained = (program.waiting_s, program.service_s) if program is not None else (0.0, 0.0)
-        return Decision(request.request_id, worker, priority, wait, kv_source, *attained)
+        seat_limit = worker.admission_limit if self._displaces else 0
+        return Decision(request.request_id, worker, priority, wait, kv_source, *attained, seat_limit)
 
     def _dispatch_group(self, group: str, now: float, decisions: list[Decision]) -> None:
         """Place what the model-assigning policy assigns of ``group``'s queue; each call is placed

@@ -117,9 +117,9 @@ class WorkerRegistry:
         return any(w.model in models and w.has_room and not w.draining for w in self._views.values())
 
     def can_seat(self, model: str) -> bool:
-        """With an admission limit (``admission``): has some worker of ``model`` a seat left below
-        its max_batch, where a call more urgent than one it holds may still go?"""
-        return self.admission is not None and any(
+        """Has some worker of ``model`` a seat left below its max_batch, where a call more urgent
+        than one it holds may still go beyond its admission limit?"""
+        return any(
             w.model == model and w.placed < w.max_batch and not w.draining for w in self._views.values()
         )
 
