@@ -217,3 +217,19 @@ TestTieredEngine = TieredEngine.TestCase
 TestTieredEngine.settings = settings(
     max_examples=60, stateful_step_count=40, deadline=None, suppress_health_check=list(HealthCheck)
 )
+
+
+def test_a_promote_directive_loads_only_what_an_earlier_promotion_left_in_l2() -> None:
+    """Found by the machine above: promoting one path into L1 evicted L1 blocks into L2, which
+    pushed part of the next selected path out of L2; its promotion then found it missing."""
+    machine = TieredEngine()
+    machine.start(policy="write_through")
+    machine.pre_prefill(prefix=0, tenant="acme")
+    machine.add(out=1, prefix=1, tail=1, tenant="acme")
+    machine.preemption_choice(swap=False)
+    machine.add(out=1, prefix=2, tail=1, tenant="acme")
+    machine.reuse_from_l3(prefix=0, tenant="globex")
+    machine.step(steps=1)
+    machine.directive(kind="promote", tenant="acme", tier=None, ttl=1.0, workflow=None)
+    machine.accounting_holds()
+    machine.teardown()

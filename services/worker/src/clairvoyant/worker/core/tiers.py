@@ -782,9 +782,15 @@ class KvTiers:
         promoted = 0
         selected = self._select(2, d)
         leaves = {id(n) for n in selected} - {id(n.parent) for n in selected}
+        l2_cache = self.l2.cache
+        assert l2_cache is not None
         for node in selected:
             if id(node) in leaves and self.l2.ref_count(node.block_id) > 0:
-                promoted += self._promote(d.namespace, [t for n in node.path() for t in n.key])
+                tokens = [t for n in node.path() for t in n.key]
+                # An earlier path's promotion may have evicted L1 blocks into L2 and so pushed part
+                # of this path out of L2: load only the head that is still there.
+                in_l2 = len(l2_cache.peek(d.namespace, tokens, len(tokens) // self.block_size))
+                promoted += self._promote(d.namespace, tokens[: in_l2 * self.block_size])
         return promoted
 
     # ---- introspection -------------------------------------------------------------------------
