@@ -85,7 +85,7 @@ def test_compare_takes_the_scenarios_default_point_and_settings() -> None:
     assert args.arrivals == "bursty:rate=0.3,cv=4" and args.rate is None and args.concurrency is None
     assert (args.workload, args.gpus, args.workflows) == ("coding_assistant", 4, 256)
     assert (args.block_size, args.annotations, args.warmup_workflows) == (64, "profiler", 32)
-    assert args.policies == "vllm-prodstack,sglang-gw,continuum,autellix,pythia"
+    assert args.policies == "vllm-prodstack,sglang-gw,continuum,autellix,thunderagent,pythia"
 
 
 def test_flags_given_override_the_scenario_even_at_their_usual_default() -> None:

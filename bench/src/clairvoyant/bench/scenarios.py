@@ -115,7 +115,7 @@ def get_scenario(name: str) -> Scenario:
 
 # ---- the scenarios ---------------------------------------------------------------------------------
 
-PYTHIA_BASELINES = ("vllm-prodstack", "sglang-gw", "continuum", "autellix", "pythia")
+PYTHIA_BASELINES = ("vllm-prodstack", "sglang-gw", "continuum", "autellix", "thunderagent", "pythia")
 
 
 def _closed_loop(*concurrencies: int) -> tuple[LoadPoint, ...]:
@@ -139,7 +139,7 @@ def pythia_fig7() -> Scenario:
     (c = 32) to the knee of fcfs-rr on this cluster (coding assistant, c = 256: 7,343 tok/s, 260
     preemptions, +53 % over c = 128; c = 384 adds only 14 % for +37 % JCT, 951 preemptions and 3x
     the simulation time; deep research already thrashes at c = 256: 1,767 preemptions, 32 s
-    queues), each with 1.5x as many workflows as slots.  ThunderAgent has no preset and is left out.  Pythia's runs learn from its
+    queues), each with 1.5x as many workflows as slots.  ThunderAgent runs as Pythia ran it (`thunderagent`).  Pythia's runs learn from its
     profiler, so the scenario uses profiler annotations (a 32-workflow warm-up, to keep a compare
     at the peak within minutes) and 64-token KV blocks (~2.5x faster to simulate)."""
     points = _closed_loop(32, 64, 128, 192, 256)
