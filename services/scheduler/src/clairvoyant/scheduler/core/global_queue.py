@@ -261,16 +261,14 @@ class GlobalScheduler(SchedulerInspection):
             while (top := self._queues.head(model, ranked)) is not None:
                 negated, _, _, request = top
                 worker_id = self.routing_policy.route(request, self._workers.views(), now)
-                if worker_id is None and self._displaces:
-                    worker_id = self._displacing_worker(request, -negated)
-                    if worker_id is None:
-                        break
-                elif worker_id is None:
-                    break  # it stays at the top of a fixed-priority heap
-                else:
+                if worker_id is not None:
                     chosen = self._workers.get(worker_id)
                     if chosen is None or not eligible_workers(request, [chosen]):
                         raise RuntimeError(f"routing policy chose ineligible worker {worker_id!r}")
+                elif self._displaces:
+                    worker_id = self._displacing_worker(request, -negated)
+                if worker_id is None:
+                    break  # it stays at the top of a fixed-priority heap
                 self._queues.take_head(model, ranked)
                 decisions.append(self._place(request, worker_id, -negated, now))
         return decisions
