@@ -20,11 +20,11 @@ BURST = ExperimentConfig(workload="react_bfcl", gpus=2, workflows=48, arrivals="
 
 
 def test_the_fraction_reaches_the_routing_policy() -> None:
-    sched = sim_scheduler("clairvoyant-knee", dataclasses.replace(BURST, knee_fraction=0.3))
+    sched = sim_scheduler("clairvoyant", dataclasses.replace(BURST, knee_fraction=0.3))
     assert sched is not None
     assert isinstance(sched.routing_policy, KneeAdmission)
     assert sched.routing_policy.knee.throughput_fraction == 0.3
-    assert sim_scheduler("clairvoyant-knee", BURST) is None  # the preset's own
+    assert sim_scheduler("clairvoyant", BURST) is None  # the preset's own
     displacing = sim_scheduler("pythia-knee", dataclasses.replace(BURST, knee_displace=True))
     assert displacing is not None and isinstance(displacing.routing_policy, KneeAdmission)
     assert displacing.routing_policy.knee.displace and displacing.routing_policy.knee.throughput_fraction == 0.7
@@ -36,8 +36,8 @@ def test_a_fraction_for_a_preset_without_a_knee_is_refused() -> None:
 
 
 def test_a_lower_knee_holds_more_calls_in_the_global_queue() -> None:
-    tight = run_sim(dataclasses.replace(BURST, knee_fraction=0.05), "clairvoyant-knee")
-    open_ = run_sim(dataclasses.replace(BURST, knee_fraction=1.0), "clairvoyant-knee")
+    tight = run_sim(dataclasses.replace(BURST, knee_fraction=0.05), "clairvoyant")
+    open_ = run_sim(dataclasses.replace(BURST, knee_fraction=1.0), "clairvoyant")
     assert tight["workflows"] == open_["workflows"] == 48
     assert tight["avg_queue_s"] > open_["avg_queue_s"]
 
@@ -47,7 +47,7 @@ def test_cli_refuses_a_knee_fraction_out_of_range_or_for_the_wrong_preset(
 ) -> None:
     base = ["compare", "--workload", "react_bfcl", "--workflows", "4", "--out", str(tmp_path / "o.json")]
     with pytest.raises(SystemExit, match="must be in"):
-        main([*base, "--policies", "clairvoyant-knee", "--knee-fraction", "1.5"])
+        main([*base, "--policies", "clairvoyant", "--knee-fraction", "1.5"])
     with pytest.raises(SystemExit, match="fcfs-rr does not"):
         main([*base, "--policies", "fcfs-rr", "--knee-fraction", "0.5"])
 

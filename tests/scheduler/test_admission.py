@@ -37,7 +37,7 @@ def call(rid: str, workflow: str, remaining: float, arrival: float = 0.0) -> Que
 def knee_scheduler(fraction: float = 0.5, *, displace: bool = False) -> GlobalScheduler:
     routing = ClairvoyantKneeRouting()
     routing.knee = KneeConfig(fraction, displace=displace)
-    return GlobalScheduler(ClairvoyantPriority(), routing, policy_name="clairvoyant-knee")
+    return GlobalScheduler(ClairvoyantPriority(), routing, policy_name="clairvoyant")
 
 
 # ---- the knee ---------------------------------------------------------------------------------
@@ -70,8 +70,9 @@ def test_fraction_out_of_range_is_refused(fraction: float) -> None:
         KneeConfig(fraction)
 
 
-def test_preset_routes_with_the_knee_and_keeps_clairvoyants_priority() -> None:
-    assert PRESETS.create("clairvoyant-knee")[:2] == ("clairvoyant", "clairvoyant-knee")
+def test_clairvoyant_routes_with_the_knee_and_unbounded_without() -> None:
+    assert PRESETS.create("clairvoyant")[:2] == ("clairvoyant", "clairvoyant-knee")
+    assert PRESETS.create("clairvoyant-unbounded")[:2] == ("clairvoyant", "clairvoyant")
 
 
 # ---- the scheduler holds workers at the knee ----------------------------------------------------
@@ -177,7 +178,7 @@ def test_the_knee_travels_with_the_placement_to_the_workers_generate_call() -> N
         sched.update_worker(report("w1", per_seq=0.005), 0.0)  # knee 2
         sched.submit(call("c", "wf", 1), 0.0)
         (decision,) = sched.dispatch(0.0)
-        placement = convert.placement(decision, "clairvoyant-knee")
+        placement = convert.placement(decision, "clairvoyant")
         assert placement.seat_limit == seats
         generate = placed_generate_request(worker_pb2.GenerateRequest(request_id="c"), placement)
         assert generate.seat_limit == seats

@@ -65,7 +65,7 @@ def view(worker_id: str, *, placed: int = 0, blocks: int = 100) -> WorkerView:
 
 
 def test_preset_is_registered() -> None:
-    assert PRESETS.create("clairvoyant")[:2] == ("clairvoyant", "clairvoyant")
+    assert PRESETS.create("clairvoyant")[:2] == ("clairvoyant", "clairvoyant-knee")
 
 
 # ---- priority ---------------------------------------------------------------------------------

@@ -113,7 +113,7 @@ def add_parsers(commands: Any) -> None:
                          help="sim: sequences each engine runs at once (vLLM's max_num_seqs); the rest wait "
                               "in the global queue, where the preset's priority orders them")  # fmt: skip
         sub.add_argument("--knee-fraction", type=float, default=None, metavar="PHI",
-                         help="sim: for a preset that admits at the knee (clairvoyant-knee, pythia-knee), the "
+                         help="sim: for a preset that admits at the knee (clairvoyant, pythia-knee), the "
                               "share of an engine's decode-throughput ceiling its admitted batch reaches, in (0, 1] "
                               "(default: the preset's, 0.7; docs/scheduling.md)")  # fmt: skip
         sub.add_argument("--knee-displace", action="store_true",
@@ -138,6 +138,9 @@ def add_parsers(commands: Any) -> None:
         sub.add_argument("--placement", choices=list(PLACEMENTS), default="equal",
                          help="sim: equal (each model an equal share of --gpus) or auto (replicas and TP degree "
                               "per model in proportion to the workload's predicted work)")  # fmt: skip
+        sub.add_argument("--own-stacks", action="store_true",
+                         help="sim: each preset with its own cache and scaling policies, as its paper ran it "
+                              "(give the tiers, e.g. --host-cache auto --l3 memory, for the cache policies to act on)")  # fmt: skip
         sub.add_argument("--out", type=Path, required=True, help="results JSON")
         live = sub.add_argument_group("live mode")
         live.add_argument("--base-url", default=DEFAULT_BASE_URL, help="the gateway's OpenAI API")
@@ -294,7 +297,7 @@ def run_command(args: argparse.Namespace) -> int:
         block_size=args.block_size, max_num_seqs=args.max_num_seqs, annotations=args.annotations,
         warmup_workflows=args.warmup_workflows, scaling=args.scaling, gpu_budget=args.gpu_budget, scale_interval_s=args.scale_interval,
         placement=args.placement, knee_fraction=args.knee_fraction, knee_displace=args.knee_displace,
-        **tier_config(args),
+        own_stacks=args.own_stacks, **tier_config(args),
     )  # fmt: skip
     try:
         check_tiers(config)
@@ -311,8 +314,11 @@ def run_command(args: argparse.Namespace) -> int:
     scaling_given = args.scaling is not None or scalings or args.gpu_budget is not None
     if args.mode == "live" and scaling_given:
         raise SystemExit("error: --scaling, --scalings and --gpu-budget apply to --mode sim")
-    if args.gpu_budget is not None and args.scaling is None and not scalings:
-        raise SystemExit("error: --gpu-budget needs --scaling (or --scalings)")
+    if args.own_stacks and (args.mode == "live" or args.scaling is not None or scalings or args.cache_policy is not None):
+        raise SystemExit("error: --own-stacks applies to --mode sim and takes each preset's own cache and scaling "
+                         "policies: give neither --cache-policy, --scaling nor --scalings")  # fmt: skip
+    if args.gpu_budget is not None and args.scaling is None and not scalings and not args.own_stacks:
+        raise SystemExit("error: --gpu-budget needs --scaling (or --scalings, --own-stacks)")
     if args.arrivals is not None:
         try:
             parse_arrivals(args.arrivals)

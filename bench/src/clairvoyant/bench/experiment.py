@@ -33,6 +33,10 @@ absent from a results file's config): one for the run's replicas, its messages d
 ``CacheManagerDelays`` says (sim/cache_manager.py); the results get a ``cache_manager`` entry.
 ``l1_fraction`` < 1 cuts each replica's device pool to that share (absent from the file at 1), so
 that a run small enough to be quick still has its contexts contend for L1.
+
+Own stacks (``own_stacks``): each preset runs with the cache policy and scaling policy its preset
+names (``Preset.cache``, ``Preset.scaling``; ``stack_config``), as its paper ran it, over the
+config's tiers and GPU budget; each result then says which (``stack``).
 """
 
 from __future__ import annotations
@@ -72,7 +76,7 @@ from clairvoyant.bench.workloads import Workload, get_workload
 from clairvoyant.policy.admission import KneeAdmission, KneeConfig
 from clairvoyant.policy.cache import CACHE_POLICIES
 from clairvoyant.policy.capabilities import Capability, capabilities_of
-from clairvoyant.policy.presets import build_policies
+from clairvoyant.policy.presets import PRESETS, build_policies
 from clairvoyant.policy.scaling import SCALING_POLICIES, ModelProfile
 from clairvoyant.profiler.core import ProfileConfig, ProfileStore
 from clairvoyant.profiler.core.remaining import RemainingConfig
@@ -118,13 +122,16 @@ class ExperimentConfig:
     # None: the preset's own (0.7).  Refused for a preset that does not.
     knee_fraction: float | None = None
     knee_displace: bool = False  # ... and whether an urgent call may displace one beyond the knee
+    # Each preset with its own cache policy and scaling policy (``Preset.cache``/``.scaling``), as
+    # its paper ran it, instead of the config's (``stack_config``).
+    own_stacks: bool = False
 
 
 SCALING_KEYS = ("scaling", "gpu_budget", "scale_interval_s")  # in a results file only with scaling on
 TIER_KEYS = ("host_cache", "l3", "l3_capacity_gb", "l3_write_policy")  # only with an L2
 L3_KINDS = ("none", "memory")
 # In a results file only when not these.
-DEFAULT_LEFT_OUT = {"cache_policy": None, "l1_fraction": 1.0, "placement": "equal"}
+DEFAULT_LEFT_OUT = {"cache_policy": None, "l1_fraction": 1.0, "placement": "equal", "own_stacks": False}
 
 
 def tiers_on(config: ExperimentConfig) -> bool:
@@ -438,6 +445,17 @@ def sim_scheduler(policy: str, config: ExperimentConfig) -> GlobalScheduler | No
     return GlobalScheduler(priority, routing, policy_name=policy, max_queue_per_model=1_000_000)
 
 
+def stack_config(config: ExperimentConfig, policy: str) -> ExperimentConfig:
+    """The config ``policy`` runs under: with ``own_stacks``, its preset's cache policy (a cache
+    manager over the config's tiers) and scaling policy (``static``: fixed replicas), else the
+    config as given."""
+    if not config.own_stacks:
+        return config
+    preset = PRESETS.create(policy)
+    scaling = None if preset.scaling == "static" else preset.scaling
+    return dataclasses.replace(config, cache_policy=preset.cache, scaling=scaling)
+
+
 def run_sim(
     config: ExperimentConfig,
     policy: str,
@@ -447,6 +465,7 @@ def run_sim(
     """One preset on the config's instance.  ``annotator``: a prepared one (``make_annotator``),
     copied so the caller's stays untouched for the next preset; None: prepare one here.
     ``progress``: called as the run goes (``Simulator.run``)."""
+    config = stack_config(config, policy)
     workload = get_workload(config.workload)
     if config.annotations not in ANNOTATORS:
         raise ValueError(f"unknown annotations {config.annotations!r}; choose from {sorted(ANNOTATORS)}")
@@ -481,6 +500,8 @@ def run_sim(
         result["global_queue_s_by_model"] = global_queue_by_model(records)
     if records.cache_manager is not None:
         result["cache_manager"] = cache_metrics(records)
+    if config.own_stacks:
+        result["stack"] = {"cache": config.cache_policy, "scaling": config.scaling or "static"}
     return result
 
 

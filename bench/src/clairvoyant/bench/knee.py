@@ -22,8 +22,8 @@ from clairvoyant.bench.experiment import ExperimentConfig, make_annotator, run_s
 from clairvoyant.bench.parallel import SimTask, default_jobs, run_tasks
 
 BASELINE = "vllm-prodstack"
-KNEE_PRESETS = ("clairvoyant-knee", "pythia-knee")
-REFERENCES = ("clairvoyant", "pythia")  # the same presets without the knee (and, for pythia, the throttle)
+KNEE_PRESETS = ("clairvoyant", "pythia-knee")
+REFERENCES = ("clairvoyant-unbounded", "pythia")  # the same presets without the knee (and, for pythia, the throttle)
 
 
 def _fractions(text: str) -> list[float]:
