@@ -64,4 +64,4 @@ if [ "${1:-}" != "report" ]; then
     cells | xargs -P "$JOBS" -L 1 bash -c 'run_cell "$@"' _
 fi
 "$PY" -m clairvoyant.bench matrix-report $(cells | awk -v out="$OUT" '{print out "/headline-" $1 ".json"}') \
-    --plots docs/img --limits
+    --plots docs/img

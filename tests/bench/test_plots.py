@@ -122,9 +122,34 @@ def test_presets_run_apart_merge_into_the_compare_of_all_and_the_matrix_report_p
     printed = capsys.readouterr().out
     data = json.loads(both.read_text())["policies"]
     ratio = data["mlfq"]["avg_jct_s"] / data["fcfs-rr"]["avg_jct_s"]
-    assert "react_bfcl, 2 GPUs, concurrency 6, 6 workflows, annotations none" in printed
+    assert "react_bfcl, 2 GPUs (H100-80G), concurrency 6, 6 workflows, annotations none" in printed
     assert f"| mlfq | {data['mlfq']['avg_jct_s']:.1f} |" in printed and f"| {ratio:.3f} |" in printed
     assert printed.count("| fcfs-rr |") == 2 and "| 1.000 | 1.000 | 1.000 |" in printed
     _assert_png(tmp_path / "matrix-react_bfcl-none.png")
     with pytest.raises(SystemExit, match="no 'vllm-prodstack'"):
         main(["matrix-report", str(both)])
+
+
+def test_headline_cells_report_stacks_and_the_limit_and_plot_bars_per_load(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Cells run with --own-stacks under a closed loop and under bursts: the table names each
+    preset's cache and scaling policies and its distance from the capacity-aware limit, and the
+    plot has one bar group per cell (the loads are not all closed loops)."""
+    base = ["compare", "--workload", "react_bfcl", "--gpus", "2", "--own-stacks", "--host-cache", "auto",
+            "--policies", "vllm-prodstack,pythia"]  # fmt: skip
+    light = tmp_path / "headline-react_bfcl-light.json"
+    bursts = tmp_path / "headline-react_bfcl-bursts.json"
+    assert main([*base, "--concurrency", "4", "--workflows", "6", "--out", str(light)]) == 0
+    assert main([*base, "--arrivals", "cron:period_s=30,batch=6", "--workflows", "12", "--out", str(bursts)]) == 0
+    capsys.readouterr()
+    assert main(["matrix-report", str(light), str(bursts), "--plots", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "arrivals cron:period_s=30,batch=6, 12 workflows" in printed
+    assert "| preset | cache, scaling | avg JCT s |" in printed and "| over limit | limit s |" in printed
+    data = json.loads(bursts.read_text())["policies"]["pythia"]
+    assert data["stack"] == {"cache": "pythia", "scaling": "pythia"}
+    assert f"| pythia | pythia, pythia | {data['avg_jct_s']:.1f} |" in printed
+    assert f"| {data['avg_jct_over_limit']:.2f} | {data['limit_avg_jct_s']:.1f} |" in printed
+    assert data["avg_jct_over_limit"] >= 1.0
+    _assert_png(tmp_path / "headline-react_bfcl-none.png")

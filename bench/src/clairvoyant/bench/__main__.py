@@ -13,6 +13,7 @@ from pathlib import Path
 
 # Imported for their registrations in BENCHMARKS.
 from clairvoyant.bench import (  # noqa: F401
+    ablation,
     aragog,
     cache_replay,
     cache_tiers,

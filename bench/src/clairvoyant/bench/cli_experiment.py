@@ -214,32 +214,60 @@ def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 REPORT_COLUMNS = "| preset | avg JCT s | p95 JCT s | tok/s | avg queue s | preemptions | cache hit | dist | avg JCT / {b} | p95 / {b} | tok/s / {b} |"
+LIMIT_COLUMNS = " over limit | limit s |"
+
+
+def load_text(config: dict[str, Any]) -> str:
+    """The run's load in words: the closed loop's concurrency, the Poisson rate or the arrival spec."""
+    if config.get("concurrency") is not None:
+        return f"concurrency {config['concurrency']}"
+    if config.get("rate") is not None:
+        return f"Poisson {config['rate']:g}/s"
+    if config.get("arrivals"):
+        return f"arrivals {config['arrivals']}"
+    return "all at t = 0"
 
 
 def report_table(result: dict[str, Any], baseline: str = BASELINE) -> str:
     """Markdown, one row per preset (the baseline first); "dist" is avg JCT over the critical-path
-    lower bound."""
+    lower bound.  Files that carry the capacity-aware limit (``avg_jct_over_limit``) also get avg
+    JCT over the limit and the limit itself; files run with ``--own-stacks`` say each preset's
+    cache and scaling policies."""
     config = result["config"]
     if baseline not in result["policies"]:
         raise ValueError(f"{result['workload']}: no {baseline!r} in {sorted(result['policies'])}")
     base = result["policies"][baseline]
+    limits = all("avg_jct_over_limit" in m for m in result["policies"].values())
+    stacks = bool(config.get("own_stacks"))
+    header = REPORT_COLUMNS.format(b=baseline) + (LIMIT_COLUMNS if limits else "")
+    if stacks:
+        header = header.replace("| preset |", "| preset | cache, scaling |", 1)
     lines = [
-        f"{result['workload']}, {config['gpus']} GPUs, concurrency {config['concurrency']}, "
+        f"{result['workload']}, {config['gpus']} GPUs ({config.get('gpu', 'H100-80G')}), {load_text(config)}, "
         f"{config['workflows']} workflows, annotations {config['annotations']}",
         "",
-        REPORT_COLUMNS.format(b=baseline),
-        "|---" + "|---:" * 10 + "|",
+        header,
+        "|---" + ("|---" if stacks else "") + "|---:" * (10 + 2 * limits) + "|",
     ]
     presets = [baseline, *sorted(p for p in result["policies"] if p != baseline)]
     for preset in presets:
         m = result["policies"][preset]
+        stack = m.get("stack", {})
         lines.append(
-            f"| {preset} | {m['avg_jct_s']:.1f} | {m['p95_jct_s']:.1f} | {m['throughput_tok_s']:,.0f} "
+            f"| {preset} |" + (f" {stack.get('cache')}, {stack.get('scaling')} |" if stacks else "")
+            + f" {m['avg_jct_s']:.1f} | {m['p95_jct_s']:.1f} | {m['throughput_tok_s']:,.0f} "
             f"| {m['avg_queue_s']:.2f} | {m['preemptions']} | {m['cache_hit_ratio']:.3f} "
             f"| {m['distance_from_limit']:.2f} | {m['avg_jct_s'] / base['avg_jct_s']:.3f} "
             f"| {m['p95_jct_s'] / base['p95_jct_s']:.3f} | {m['throughput_tok_s'] / base['throughput_tok_s']:.3f} |"
+            + (f" {m['avg_jct_over_limit']:.2f} | {m['limit_avg_jct_s']:.1f} |" if limits else "")
         )
     return "\n".join(lines)
+
+
+def _family(path: Path) -> str:
+    """The cell family a results file belongs to, from its name: ``headline-deep_research-peak.json``
+    -> ``headline`` (``matrix`` when the name has no dash)."""
+    return path.stem.split("-", 1)[0] if "-" in path.stem else "matrix"
 
 
 def report_command(args: argparse.Namespace) -> int:
@@ -259,15 +287,22 @@ def report_command(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise SystemExit(f"error: {exc}") from None
     if args.plots:
-        from clairvoyant.bench.plots import plot_matrix  # matplotlib only when plotting
+        from clairvoyant.bench.plots import plot_cells, plot_matrix  # matplotlib only when plotting
 
-        groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        for result in loaded:
-            groups.setdefault((result["workload"], result["config"]["annotations"]), []).append(result)
-        for (workload, annotations), cells in groups.items():
+        groups: dict[tuple[str, str, str], list[tuple[Path, dict[str, Any]]]] = {}
+        for path, result in zip(args.results, loaded, strict=True):
+            key = (_family(path), result["workload"], result["config"]["annotations"])
+            groups.setdefault(key, []).append((path, result))
+        for (family, workload, annotations), cells in groups.items():
             if len(cells) > 1:
                 suffix = "" if annotations == "profiler" else f"-{annotations}"
-                path = plot_matrix(cells, args.plots / f"matrix-{workload}{suffix}.png", args.baseline)
+                out = args.plots / f"{family}-{workload}{suffix}.png"
+                results = [r for _, r in cells]
+                if all(r["config"].get("concurrency") is not None for r in results):
+                    path = plot_matrix(results, out, args.baseline)
+                else:  # bursts or other arrivals beside the closed loops: one bar group per file
+                    labels = [p.stem.removeprefix(f"{family}-").removeprefix(f"{workload}-") for p, _ in cells]
+                    path = plot_cells(results, labels, out, args.baseline)
                 progress(f"saved {path}")
     return 0
 

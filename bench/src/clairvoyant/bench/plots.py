@@ -179,6 +179,30 @@ def plot_latency_throughput(sweep: dict[str, Any], path: Path) -> Path:
     return _save(fig, path)
 
 
+def plot_cells(results: list[dict[str, Any]], labels: list[str], path: Path, baseline: str) -> Path:
+    """Avg JCT as a ratio to ``baseline``, one group of bars per results file (``labels``, in the
+    order given: light, mid, peak, bursts) and one bar per preset."""
+    presets = list(dict.fromkeys(p for r in results for p in r["policies"]))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(results)), 4))
+    width = 0.8 / max(1, len(presets))
+    for i, preset in enumerate(presets):
+        xs, ys = [], []
+        for x, result in enumerate(results):
+            if preset in result["policies"] and baseline in result["policies"]:
+                xs.append(x - 0.4 + (i + 0.5) * width)
+                ys.append(result["policies"][preset]["avg_jct_s"] / result["policies"][baseline]["avg_jct_s"])
+        ax.bar(xs, ys, width, label=preset, color="black" if preset == baseline else None)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(results)), labels)
+    ax.set_ylabel(f"avg JCT / {baseline}")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7, ncol=3)
+    config = results[0]["config"]
+    ax.set_title(f"{results[0]['workload']}: {config['gpus']} x {config.get('gpu', 'H100-80G')}, "
+                 f"annotations {config['annotations']}", fontsize=9)  # fmt: skip
+    return _save(fig, path)
+
+
 def plot_matrix(results: list[dict[str, Any]], path: Path, baseline: str) -> Path:
     """Avg JCT as a ratio to ``baseline`` against the load, one line per preset: one workload's
     compare files at several closed-loop concurrencies (same annotations)."""
