@@ -2,7 +2,8 @@
 # The headline (docs/benchmarks.md, "Headline"): every scheduling preset, each with the cache and
 # scaling policies its paper ran it with (--own-stacks, over an L2 host pool and a shared L3), on
 # the five workloads at light load, ~70 % load, peak and repeated bursts, 8 H100s, profiler
-# annotations; plus Pythia's own testbed (8 A100-80G).  One cell = one `compare` (all presets on
+# annotations; plus Pythia's own testbed (8 A100-80G) and one cell under KV pressure (swe_agent on a
+# single 70B replica, --gpus 4, where FCFS thrashes).  One cell = one `compare` (all presets on
 # the identical instance, seed 0, 64-token blocks) -> bench/results/headline-<workload>-<load>.json.
 #
 #   bench/headline.sh                    # every cell, JOBS cells at a time (each runs its presets one by one)
@@ -34,6 +35,7 @@ swe_agent-light                 swe_agent         H100-80G  64   --concurrency 8
 swe_agent-mid                   swe_agent         H100-80G  64   --concurrency 20 --workflows 30
 swe_agent-peak                  swe_agent         H100-80G  64   --concurrency 32 --workflows 48
 swe_agent-bursts                swe_agent         H100-80G  64   --arrivals cron:period_s=600,batch=16 --workflows 48
+swe_agent-kv                    swe_agent         H100-80G  64   --gpus 4 --concurrency 40 --workflows 60
 a100-coding_assistant-peak      coding_assistant  A100-80G  192  --concurrency 256 --workflows 256
 a100-deep_research-peak         deep_research     A100-80G  192  --concurrency 256 --workflows 256
 chatdev-light                   chatdev           H100-80G  64   --concurrency 32 --workflows 48

@@ -228,11 +228,18 @@ def load_text(config: dict[str, Any]) -> str:
     return "all at t = 0"
 
 
+def gpu_seconds(metrics: dict[str, Any], config: dict[str, Any]) -> float:
+    """GPU-seconds a run held: the autoscaler's integral, else the fixed cluster over the run."""
+    if "autoscaling" in metrics:
+        return float(metrics["autoscaling"]["gpu_seconds"])
+    return float(config["gpus"] * metrics["virtual_seconds"])
+
+
 def report_table(result: dict[str, Any], baseline: str = BASELINE) -> str:
     """Markdown, one row per preset (the baseline first); "dist" is avg JCT over the critical-path
     lower bound.  Files that carry the capacity-aware limit (``avg_jct_over_limit``) also get avg
     JCT over the limit and the limit itself; files run with ``--own-stacks`` say each preset's
-    cache and scaling policies."""
+    cache and scaling policies and the GPU-seconds it held against the baseline's."""
     config = result["config"]
     if baseline not in result["policies"]:
         raise ValueError(f"{result['workload']}: no {baseline!r} in {sorted(result['policies'])}")
@@ -241,13 +248,13 @@ def report_table(result: dict[str, Any], baseline: str = BASELINE) -> str:
     stacks = bool(config.get("own_stacks"))
     header = REPORT_COLUMNS.format(b=baseline) + (LIMIT_COLUMNS if limits else "")
     if stacks:
-        header = header.replace("| preset |", "| preset | cache, scaling |", 1)
+        header = header.replace("| preset |", "| preset | cache, scaling |", 1) + f" GPU-s / {baseline} |"
     lines = [
         f"{result['workload']}, {config['gpus']} GPUs ({config.get('gpu', 'H100-80G')}), {load_text(config)}, "
         f"{config['workflows']} workflows, annotations {config['annotations']}",
         "",
         header,
-        "|---" + ("|---" if stacks else "") + "|---:" * (10 + 2 * limits) + "|",
+        "|---" + ("|---" if stacks else "") + "|---:" * (10 + 2 * limits + stacks) + "|",
     ]
     presets = [baseline, *sorted(p for p in result["policies"] if p != baseline)]
     for preset in presets:
@@ -260,6 +267,7 @@ def report_table(result: dict[str, Any], baseline: str = BASELINE) -> str:
             f"| {m['distance_from_limit']:.2f} | {m['avg_jct_s'] / base['avg_jct_s']:.3f} "
             f"| {m['p95_jct_s'] / base['p95_jct_s']:.3f} | {m['throughput_tok_s'] / base['throughput_tok_s']:.3f} |"
             + (f" {m['avg_jct_over_limit']:.2f} | {m['limit_avg_jct_s']:.1f} |" if limits else "")
+            + (f" {gpu_seconds(m, config) / gpu_seconds(base, config):.3f} |" if stacks else "")
         )
     return "\n".join(lines)
 
