@@ -152,7 +152,8 @@ class LLMEngine:
         self._modelled_speed = (
             ModelledSpeed(cast(FastForwardRunner, runner), config.max_num_seqs) if self._fast_forward else None
         )
-        self._measured_speed = MeasuredSpeed()
+        # ... else timed from the decode-only steps (a cost-model runner's timings would go unused)
+        self._measured_speed = MeasuredSpeed() if self._modelled_speed is None else None
         self.grammars = grammars if grammars is not None else GrammarCache(runner.tokenizer, runner.info)
         self.masks = TokenMasks(runner.info.vocab_size)  # the token bitmasks of constrained rows
 
@@ -390,7 +391,7 @@ class LLMEngine:
                 for i, seq in enumerate(samplers)
             ]
         started, now = now, self.clock()
-        if all(n == 1 for _, n in batch.chunks):
+        if self._measured_speed is not None and all(n == 1 for _, n in batch.chunks):
             self._measured_speed.observe(len(batch.chunks), now - started)
         for seq, n in batch.chunks:
             start = seq.num_computed_tokens
@@ -593,6 +594,7 @@ class LLMEngine:
         """A decode step's cost at each batch size now (``core/decode_speed.py``); None: not known yet."""
         if self._modelled_speed is not None:
             return self._modelled_speed.speed(seq.num_tokens for seq in self.scheduler.running)
+        assert self._measured_speed is not None
         return self._measured_speed.speed()
 
     def _tier_stats(self) -> dict[str, Any]:
