@@ -155,3 +155,17 @@ def test_headline_cells_report_stacks_and_the_limit_and_plot_bars_per_load(
     assert f"| {data['avg_jct_over_limit']:.2f} | {data['limit_avg_jct_s']:.1f} | {held:.3f} |" in printed
     assert data["avg_jct_over_limit"] >= 1.0
     _assert_png(tmp_path / "headline-react_bfcl-none.png")
+
+    # --summary: one row per cell, the focus preset against the baseline and the best rival
+    capsys.readouterr()
+    assert main(["matrix-report", str(light), str(bursts), "--summary", "--focus", "pythia",
+                 "--rivals", "vllm-prodstack"]) == 0  # fmt: skip
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| react_bfcl |")]
+    assert len(rows) == 2 and rows[0].startswith("| react_bfcl | light | concurrency 4 |")
+    cells = [c.strip() for c in rows[1].split("|")[1:-1]]
+    assert cells[:3] == ["react_bfcl", "bursts", "arrivals cron:period_s=30,batch=6"]
+    assert float(cells[4]) == pytest.approx(data["avg_jct_s"] / base["avg_jct_s"], abs=1e-3)
+    assert cells[7] == "vllm-prodstack" and float(cells[8]) == pytest.approx(float(cells[4]), abs=2e-3)
+    assert cells[11] == min(("vllm-prodstack", "pythia"), key=lambda p: json.loads(bursts.read_text())["policies"][p]["avg_jct_s"])
+    with pytest.raises(SystemExit, match="no 'clairvoyant'"):
+        main(["matrix-report", str(light), "--summary"])

@@ -190,6 +190,11 @@ def add_report_parsers(commands: Any) -> None:
     sub = commands.add_parser("matrix-report", help="markdown tables (ratios against a baseline) and plots")
     sub.add_argument("results", type=Path, nargs="+", help="compare results JSON files")
     sub.add_argument("--baseline", default=BASELINE)
+    sub.add_argument("--summary", action="store_true",
+                     help="one row per file: the --focus preset against the baseline and the best of --rivals")  # fmt: skip
+    sub.add_argument("--focus", default="clairvoyant", help="with --summary: the preset each row is about")
+    sub.add_argument("--rivals", default="autellix,kairos,saga,continuum,thunderagent",
+                     help="with --summary: the presets the focus preset is held against (the best of them per row)")  # fmt: skip
     sub.add_argument("--plots", type=Path, help="a folder for matrix-<workload>.png: avg JCT ratio against the load")
 
 
@@ -272,6 +277,43 @@ def report_table(result: dict[str, Any], baseline: str = BASELINE) -> str:
     return "\n".join(lines)
 
 
+SUMMARY_COLUMNS = (
+    "| workload | cell | load | {b} avg JCT s | {f} avg JCT | {f} P95 | {f} tok/s | best rival | {f} vs best rival "
+    "| {f} over limit | {b} over limit | best preset |"
+)
+
+
+def summary_table(cells: list[tuple[Path, dict[str, Any]]], baseline: str, focus: str, rivals: list[str]) -> str:
+    """One row per results file: the ``focus`` preset's avg JCT, P95 and throughput as ratios to the
+    baseline's, the best of ``rivals`` by avg JCT and the focus preset's avg JCT over that rival's
+    (below 1: the focus preset is faster), both presets' avg JCT over the limit, and the preset with
+    the lowest avg JCT in the file.  ValueError when a file lacks the baseline or the focus preset."""
+    lines = [SUMMARY_COLUMNS.format(b=baseline, f=focus), "|---|---|---" + "|---:" * 4 + "|---" + "|---:" * 3 + "|---|"]
+    for path, result in cells:
+        policies = result["policies"]
+        for needed in (baseline, focus):
+            if needed not in policies:
+                raise ValueError(f"{path}: no {needed!r} in {sorted(policies)}")
+        base, mine = policies[baseline], policies[focus]
+        present = [r for r in rivals if r in policies]
+        rival = min(present, key=lambda r: policies[r]["avg_jct_s"]) if present else None
+        best = min(policies, key=lambda p: policies[p]["avg_jct_s"])
+        versus = f"{mine['avg_jct_s'] / policies[rival]['avg_jct_s']:.3f}" if rival else "-"
+
+        def over(m: dict[str, Any]) -> str:
+            return f"{m['avg_jct_over_limit']:.2f}" if "avg_jct_over_limit" in m else "-"
+
+        workload = result["workload"]
+        cell = path.stem.removeprefix(f"{_family(path)}-").replace(f"{workload}-", "").replace(f"-{workload}", "")
+        lines.append(
+            f"| {result['workload']} | {cell} | {load_text(result['config'])} | {base['avg_jct_s']:.1f} "
+            f"| {mine['avg_jct_s'] / base['avg_jct_s']:.3f} | {mine['p95_jct_s'] / base['p95_jct_s']:.3f} "
+            f"| {mine['throughput_tok_s'] / base['throughput_tok_s']:.3f} | {rival or '-'} | {versus} "
+            f"| {over(mine)} | {over(base)} | {best} |"
+        )
+    return "\n".join(lines)
+
+
 def _family(path: Path) -> str:
     """The cell family a results file belongs to, from its name: ``headline-deep_research-peak.json``
     -> ``headline`` (``matrix`` when the name has no dash)."""
@@ -289,11 +331,15 @@ def report_command(args: argparse.Namespace) -> int:
         args.out.write_text(json.dumps(merged, indent=2, sort_keys=True, default=str) + "\n")
         progress(f"saved {args.out}: {', '.join(merged['policies'])}")
         return 0
-    for result in loaded:
-        try:
-            print(report_table(result, args.baseline) + "\n")
-        except ValueError as exc:
-            raise SystemExit(f"error: {exc}") from None
+    try:
+        if args.summary:
+            rivals = [r for r in args.rivals.split(",") if r]
+            print(summary_table(list(zip(args.results, loaded, strict=True)), args.baseline, args.focus, rivals) + "\n")
+        else:
+            for result in loaded:
+                print(report_table(result, args.baseline) + "\n")
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
     if args.plots:
         from clairvoyant.bench.plots import plot_cells, plot_matrix  # matplotlib only when plotting
 
