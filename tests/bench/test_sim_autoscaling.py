@@ -231,6 +231,35 @@ def _queued_at_drain(hand_back: bool) -> tuple[RunRecords, SimAutoscaler, Simula
     return records, scaler, sim, [engines[rid].stats().generated_tokens_total for rid in ("p-0", "p-1")]
 
 
+def test_a_release_waits_for_engine_work_no_placement_counts() -> None:
+    """A cache manager's pre-prefill on a drained replica is work no placement counts: the release
+    the policy asks for waits until the engine is idle (it crashed the run before), and no start
+    takes the GPUs that release would have freed."""
+    sim = Simulator([_replica(PLANNER, "p-0"), _replica(PLANNER, "p-1")], "fcfs-rr")
+    policy = DrainChecked("p-0", 5.0)
+    injected: list[float] = []
+
+    def inject(now: float) -> None:
+        replica = sim.replicas.get("p-0")
+        idle = replica is not None and not sim.scheduler.placed_requests("p-0") and not replica.engine.has_unfinished()
+        if now > 5.0 and idle and not injected and replica is not None:
+            sim._stepper.between_steps(replica, lambda: replica.engine.pre_prefill(None, [i % 250 + 1 for i in range(400)]))
+            injected.append(now)
+        assert sum(h.gpus for h in scaler._held.values()) <= 2  # never over the budget
+
+    policy.check = inject
+    scaler = SimAutoscaler(sim, policy, {PLANNER: _profile(PLANNER)}, 2, lambda model, rid: _replica(model, rid))
+    records = sim.run([(float(i), single(f"w{i}", out=30)) for i in range(12)])
+    scaler.finish(sim.events.now)
+    assert injected, "the drained replica went idle while the run went on"
+    assert scaler.log.deferred_releases >= 1
+    release_tick = next(t for t in scaler.log.ticks if "p-0" in t.actions.release)
+    assert release_tick.time > injected[0]
+    assert "p-0" not in sim.replicas and scaler.log.releases == 1
+    assert all(w.end_time is not None for w in records.workflows)
+    assert scaler.log.summary()["deferred_releases"] == scaler.log.deferred_releases
+
+
 def test_a_drained_replicas_waiting_calls_are_placed_again_on_another_replica() -> None:
     records, scaler, sim, generated = _queued_at_drain(hand_back=True)
     by_id = {c.call_id: c for c in records.calls}

@@ -96,6 +96,7 @@ class ScalingLog:
     """What the autoscaler did over a run; GPU-seconds are final once ``SimAutoscaler.finish`` ran."""
 
     gpu_seconds: float = 0.0  # the integral of GPUs held (starting, ready, draining) over the run
+    deferred_releases: int = 0  # releases put off a tick: the drained replica's engine still worked
     scale_ups: int = 0  # replicas started
     drains: int = 0
     releases: int = 0
@@ -115,6 +116,7 @@ class ScalingLog:
             "clamped_ticks": self.clamped_ticks,
             "replaced_calls": self.replaced_calls,
             "replica_series": self.replicas,
+            **({"deferred_releases": self.deferred_releases} if self.deferred_releases else {}),
         }
 
 
@@ -187,12 +189,28 @@ class SimAutoscaler:
         if self.hand_back:  # after every drain: no call is handed to a replica drained next
             joined = [rid for rid in actions.drain if self._held[rid].joined]
             self.log.replaced_calls += len(self.simulator.hand_back_waiting(joined))
+        released: list[str] = []
         for replica_id in actions.release:
+            held = self._held[replica_id]
+            if held.joined and not self.simulator.replica_idle(replica_id):
+                # No call is placed on it, but its engine still works (a pre-prefill the cache
+                # manager sent, or the step in flight): it stays draining, released at a later tick.
+                self.log.deferred_releases += 1
+                continue
             self._release(replica_id, now)
+            released.append(replica_id)
+        started: dict[str, int] = {}
+        clamped = dict(actions.clamped)
         for model, count in sorted(actions.start.items()):
             for _ in range(count):
+                if self._gpus_held + self.profiles[model].gpus_per_replica > self.gpu_budget:
+                    clamped[model] = clamped.get(model, 0) + 1  # the plan counted a put-off release's GPUs free
+                    continue
                 self._start(model, now)
-        self.log.clamped_ticks += bool(actions.clamped)
+                started[model] = started.get(model, 0) + 1
+        self.log.clamped_ticks += bool(clamped)
+        # What was done: the plan, less what waits for a release put off.
+        actions = actions._replace(start=started, release=tuple(released), clamped=clamped)
         self.log.ticks.append(TickRecord(now, self._gpus_held, actions))
 
     def finish(self, end: float) -> ScalingLog:

@@ -362,13 +362,24 @@ class Simulator:
             self._dispatch()
         return handed
 
+    def replica_idle(self, worker_id: str) -> bool:
+        """Whether ``worker_id`` holds no call, runs no step and has no work in its engine (a cache
+        manager's pre-prefill, which no placement counts, included)."""
+        replica = self.replicas[worker_id]
+        return not (
+            self.scheduler.placed_requests(worker_id) or replica.engine.has_unfinished() or replica.run is not None
+        )
+
     def remove_replica(self, worker_id: str) -> None:
         """An idle replica leaves now (the scheduler removes its worker).  Raises ValueError when
-        it still holds a call: a replica is released only once drained."""
+        it still holds a call or work: a replica is released only once drained (``replica_idle``)."""
         replica = self.replicas[worker_id]
         held = self.scheduler.placed_requests(worker_id)
-        if held or replica.engine.has_unfinished() or replica.run is not None:
-            raise ValueError(f"replica {worker_id!r} is not idle ({len(held)} calls placed on it)")
+        if not self.replica_idle(worker_id):
+            raise ValueError(
+                f"replica {worker_id!r} is not idle ({len(held)} calls placed on it, "
+                f"engine work left: {replica.engine.has_unfinished()}, step in flight: {replica.run is not None})"
+            )
         del self.replicas[worker_id]
         self._removed_preemptions += replica.engine.stats().preemptions_total
         self._removed_tiers += replica.tier_totals()
