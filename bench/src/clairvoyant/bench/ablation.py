@@ -16,9 +16,10 @@ baseline           vllm-prodstack                equal      lmcache       fixed
 =================  ============================  =========  ============  =========
 
 "+ rank" swaps FCFS and session affinity for clairvoyant's priority and its memory-aware routing
-(the two read the same predictions; the step measures both).  A step's *share* is the avg JCT it
-removes over what the whole ladder removes (negative: the step costs JCT); shares depend on the
-order, which is the one above (cheapest to deploy first).  The autoscaler works within the same
+(the two read the same predictions; the step measures both).  A step's *gain* is the avg JCT it
+removes as a share of the baseline's (negative: the step costs JCT); its *share* is its part of
+what the steps up to the best configuration on the ladder remove (a step after the best one gets
+none).  Both depend on the order, which is the one above (cheapest to deploy first).  The autoscaler works within the same
 GPU budget, moving replicas between models.
 
     python -m clairvoyant.bench ablation --workloads coding_assistant,deep_research
@@ -65,13 +66,22 @@ def ladder(base: ExperimentConfig) -> list[tuple[Step, ExperimentConfig]]:
 MIN_GAIN = 0.001  # of the baseline's avg JCT: a smaller gain is noise to split, and gets no shares
 
 
+def gains(jcts: list[float]) -> list[float | None]:
+    """Each step's avg JCT removed, as a share of the baseline's (negative: the step costs JCT);
+    they add up to 1 − the last step's ratio.  None for the baseline."""
+    return [None, *((before - after) / jcts[0] for before, after in zip(jcts, jcts[1:], strict=False))]
+
+
 def shares(jcts: list[float]) -> list[float | None]:
-    """Each step's share of the avg JCT the whole ladder removes (None for the baseline, and for
-    every step when the ladder removes less than ``MIN_GAIN`` of the baseline's)."""
-    total = jcts[0] - jcts[-1]
-    if abs(total) < MIN_GAIN * jcts[0]:
+    """Each step's share of the gain of the best configuration on the ladder (the step with the
+    lowest avg JCT): the avg JCT it removes over what the steps up to the best one remove.  None
+    for the baseline, for the steps after the best one, and for every step when the best one removes
+    less than ``MIN_GAIN`` of the baseline's."""
+    best = min(range(len(jcts)), key=lambda i: (jcts[i], i))
+    total = jcts[0] - jcts[best]
+    if total < MIN_GAIN * jcts[0]:
         return [None] * len(jcts)
-    return [None, *((before - after) / total for before, after in zip(jcts, jcts[1:], strict=False))]
+    return [None if i == 0 or i > best else (jcts[i - 1] - jcts[i]) / total for i in range(len(jcts))]
 
 
 @BENCHMARKS.register("ablation")
@@ -119,11 +129,12 @@ class AblationBench:
         for workload in workloads:
             mine = [(step, r) for (w, step), r in zip(labels, results, strict=True) if w == workload]
             base_result = mine[0][1]
-            for (step, result), share in zip(mine, shares([r["avg_jct_s"] for _, r in mine]), strict=True):
+            jcts = [r["avg_jct_s"] for _, r in mine]
+            for (step, result), gain, share in zip(mine, gains(jcts), shares(jcts), strict=True):
                 rows.append([
                     workload, step.name, step.preset,
                     round(result["avg_jct_s"], 1), round(result["avg_jct_s"] / base_result["avg_jct_s"], 3),
-                    "-" if share is None else round(share, 2),
+                    "-" if gain is None else round(gain, 3), "-" if share is None else round(share, 2),
                     round(result["p95_jct_s"], 1), round(result["p95_jct_s"] / base_result["p95_jct_s"], 3),
                     round(result["throughput_tok_s"]),
                     round(result["throughput_tok_s"] / base_result["throughput_tok_s"], 3),
@@ -131,11 +142,12 @@ class AblationBench:
                 ])  # fmt: skip
         return BenchResult(
             name="ablation",
-            columns=["workload", "step", "preset", "avg_jct_s", "jct_ratio", "share_of_gain", "p95_jct_s",
+            columns=["workload", "step", "preset", "avg_jct_s", "jct_ratio", "gain", "share_of_gain", "p95_jct_s",
                      "p95_ratio", "throughput_tok_s", "throughput_ratio", "over_limit"],  # fmt: skip
             rows=rows,
             notes=["cumulative: each step keeps the ones above it; ratios against the baseline step on the "
-                   "same instance; share: the step's part of the avg JCT the whole ladder removes"],  # fmt: skip
+                   "same instance; gain: the avg JCT the step removes over the baseline's; share: its part of "
+                   "what the steps up to the best configuration remove"],  # fmt: skip
             params={k: v for k, v in vars(args).items() if k in
                     ("workloads", "gpus", "gpu", "workflows", "arrivals", "annotations", "warmup_workflows", "seed")},  # fmt: skip
         )
