@@ -9,12 +9,12 @@ from clairvoyant.contracts.v1 import common_pb2
 from clairvoyant.core.app_metadata import AppMetadata
 from clairvoyant.core.wire import annotations_from_proto
 from clairvoyant.policy.clairvoyant import (
+    RANK_TIE_BREAK,
     ClairvoyantGittinsPriority,
     ClairvoyantPriority,
     ClairvoyantPriorityConfig,
     ClairvoyantRouting,
     ClairvoyantRoutingConfig,
-    RANK_TIE_BREAK,
     gittins_score,
 )
 from clairvoyant.policy.pythia import PythiaAgingRule
