@@ -45,6 +45,9 @@ async def mark_serving(servicer: health.aio.HealthServicer, service_names: Itera
 # with GOAWAY "too_many_pings" and the connection is torn down.
 SERVER_OPTIONS = [
     *CHANNEL_OPTIONS,
+    # gRPC sets SO_REUSEPORT by default: a second server on a port in use would silently share its
+    # traffic, and a bind to port 0 can be handed a port another server of this user still holds.
+    ("grpc.so_reuseport", 0),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
     ("grpc.http2.max_ping_strikes", 0),
 ]
