@@ -283,6 +283,10 @@ SUMMARY_COLUMNS = (
 )
 
 
+def _over_limit(metrics: dict[str, Any]) -> str:
+    return f"{metrics['avg_jct_over_limit']:.2f}" if "avg_jct_over_limit" in metrics else "-"
+
+
 def summary_table(cells: list[tuple[Path, dict[str, Any]]], baseline: str, focus: str, rivals: list[str]) -> str:
     """One row per results file: the ``focus`` preset's avg JCT, P95 and throughput as ratios to the
     baseline's, the best of ``rivals`` by avg JCT and the focus preset's avg JCT over that rival's
@@ -299,17 +303,13 @@ def summary_table(cells: list[tuple[Path, dict[str, Any]]], baseline: str, focus
         rival = min(present, key=lambda r: policies[r]["avg_jct_s"]) if present else None
         best = min(policies, key=lambda p: policies[p]["avg_jct_s"])
         versus = f"{mine['avg_jct_s'] / policies[rival]['avg_jct_s']:.3f}" if rival else "-"
-
-        def over(m: dict[str, Any]) -> str:
-            return f"{m['avg_jct_over_limit']:.2f}" if "avg_jct_over_limit" in m else "-"
-
         workload = result["workload"]
         cell = path.stem.removeprefix(f"{_family(path)}-").replace(f"{workload}-", "").replace(f"-{workload}", "")
         lines.append(
-            f"| {result['workload']} | {cell} | {load_text(result['config'])} | {base['avg_jct_s']:.1f} "
+            f"| {workload} | {cell} | {load_text(result['config'])} | {base['avg_jct_s']:.1f} "
             f"| {mine['avg_jct_s'] / base['avg_jct_s']:.3f} | {mine['p95_jct_s'] / base['p95_jct_s']:.3f} "
             f"| {mine['throughput_tok_s'] / base['throughput_tok_s']:.3f} | {rival or '-'} | {versus} "
-            f"| {over(mine)} | {over(base)} | {best} |"
+            f"| {_over_limit(mine)} | {_over_limit(base)} | {best} |"
         )
     return "\n".join(lines)
 

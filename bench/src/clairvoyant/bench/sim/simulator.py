@@ -374,8 +374,8 @@ class Simulator:
         """An idle replica leaves now (the scheduler removes its worker).  Raises ValueError when
         it still holds a call or work: a replica is released only once drained (``replica_idle``)."""
         replica = self.replicas[worker_id]
-        held = self.scheduler.placed_requests(worker_id)
         if not self.replica_idle(worker_id):
+            held = self.scheduler.placed_requests(worker_id)
             raise ValueError(
                 f"replica {worker_id!r} is not idle ({len(held)} calls placed on it, "
                 f"engine work left: {replica.engine.has_unfinished()}, step in flight: {replica.run is not None})"
