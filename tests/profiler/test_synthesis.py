@@ -113,6 +113,16 @@ def test_whole_trace_fallback_when_the_structure_accepts_too_little() -> None:
     assert text.startswith("(<explorer>{3,4} | engineer | planner | reviewer | verifier){")
 
 
+def test_a_structure_that_does_not_generalise_is_kept_as_the_candidate_only() -> None:
+    data = traces(listing1, 200, seed=1)
+    result = synthesize(data, generalizes=False)
+    assert not result.structured and result.candidate is not None
+    assert to_text(result.candidate) == EXPECTED[listing1]  # what would have been served
+    assert to_text(result.expr).startswith("(<explorer>{3,4} | engineer | planner | reviewer | verifier){")
+    assert result.acceptance >= 0.95
+    assert synthesize(data).candidate is None
+
+
 def test_synthesis_uses_the_given_automaton_for_pruning() -> None:
     data = traces(listing1, 200, seed=1)
     automaton = TransitionAutomaton.from_traces(data)

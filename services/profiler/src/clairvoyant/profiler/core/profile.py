@@ -34,7 +34,7 @@ from clairvoyant.profiler.core.confidence import (
 from clairvoyant.profiler.core.expr import parse, to_text
 from clairvoyant.profiler.core.open_instance import OpenInstance
 from clairvoyant.profiler.core.path_fitting import DerivationCache
-from clairvoyant.profiler.core.paths import PathModel, Position
+from clairvoyant.profiler.core.paths import PathModel, Position, compile_expr
 from clairvoyant.profiler.core.prediction import AnnotationTables, positions_after, predict_structure
 from clairvoyant.profiler.core.priors import LengthPriors
 from clairvoyant.profiler.core.profile_types import (
@@ -79,6 +79,12 @@ class WorkflowProfile:
         self.model: PathModel | None = None
         self.acceptance: float | None = None
         self.structured: bool = False
+        # whether the structured expression of the day accepted each workflow that closed after it
+        # was synthesised, before learning from it; the one passed over for the generic loop
+        # (``_candidate``) is still scored, so a structure that starts to generalise comes back
+        window = self.config.synthesis.generalization_window
+        self.generalization: deque[bool] = deque(maxlen=window)
+        self._candidate: PathModel | None = None
         self._model_id = 0
         self._tables: AnnotationTables | None = None
         self.templates = TemplateLearner(self.config.templates)
@@ -172,10 +178,16 @@ class WorkflowProfile:
             self.path_errors.extend(path_errors)
             self.work_errors.extend(work_errors)
         accepted = self.model.accepts(trace.steps) if self.model is not None else None
+        if self.model is not None and self.structured:
+            self.generalization.append(bool(accepted))
+        elif self._candidate is not None:
+            self.generalization.append(self._candidate.accepts(trace.steps))
         # Every resynthesize_every instances, stretched to an eighth of those seen once there are
         # many: a synthesis over the 500-trace window costs ~100 ms.
         every = max(self.config.resynthesize_every, self.instances // 8)
-        if self.model is None or self.since_synthesis >= every:
+        # ... and at once when the evidence turns against the kind of expression served
+        turned = (self.structured and not self.generalizes) or (self._candidate is not None and self.generalizes)
+        if self.model is None or self.since_synthesis >= every or turned:
             self.resynthesize()
         self.confidence = on_instance(self.confidence, accepted, self.converged(), self.config.confidence)
         self.since_tables += 1
@@ -214,10 +226,41 @@ class WorkflowProfile:
         path = sum(self.path_errors) / len(self.path_errors)
         return "work" if work < path else "path"
 
+    @property
+    def generalizes(self) -> bool:
+        """Whether structured expressions accept the workflows that close after them.  A structure
+        learned from few, irregular traces can accept 90% of them and half of the next ones
+        (ChatDev's optional test phase and varying openings); the generic loop over every agent
+        then predicts better, and its first-order transitions keep the next-agent predictions.
+
+        With fewer than ``generalization_min`` scored, yes.  A served structure is passed over
+        when even the upper end of the one-sided 95% Wilson interval of its acceptance over the
+        last ``generalization_window`` is below ``min_acceptance``, so that acceptance hovering
+        near the threshold (27 to 31 of 32 on sub-agent sessions) does not flip it; the candidate
+        comes back once its acceptance itself reaches ``min_acceptance``."""
+        config = self.config.synthesis
+        seen = len(self.generalization)
+        if seen < config.generalization_min:
+            return True
+        rate = sum(self.generalization) / seen
+        if self._candidate is not None:  # the generic loop is served: come back on the estimate
+            return rate >= config.min_acceptance
+        z2 = 1.645**2
+        centre = rate + z2 / (2 * seen)
+        spread = 1.645 * math.sqrt(rate * (1 - rate) / seen + z2 / (4 * seen * seen))
+        return (centre + spread) / (1 + z2 / seen) >= config.min_acceptance
+
     def resynthesize(self) -> None:
         if not self.traces:
             return
-        result = synthesize(list(self.traces), None, self.config.synthesis, cache=self._derivations)
+        result = synthesize(
+            list(self.traces), None, self.config.synthesis, cache=self._derivations, generalizes=self.generalizes
+        )
+        self._candidate = compile_expr(result.candidate) if result.candidate is not None else None
+        if self.model is not None and result.structured != self.structured:
+            # the path model's errors so far describe the other kind of expression
+            self.path_errors.clear()
+            self.work_errors.clear()
         self.model = PathModel(result.expr, result.weights)
         self.acceptance = result.acceptance
         self.structured = result.structured
@@ -378,6 +421,10 @@ class WorkflowProfile:
             "templates": self.templates.to_state(),
             "remaining": self.remaining.to_state(),
             "remaining_errors": {"path": list(self.path_errors), "work": list(self.work_errors)},
+            "generalization": {
+                "accepted": list(self.generalization),
+                "candidate": None if self._candidate is None else to_text(self._candidate.expr),
+            },
             "agent_names": self.names.to_state(),
             "priors": self.priors.to_state(),
             "model": None
@@ -410,6 +457,10 @@ class WorkflowProfile:
             profile.remaining = RemainingModel.from_state(state["remaining"], profile.config.remaining)
             profile.path_errors.extend(state["remaining_errors"]["path"])
             profile.work_errors.extend(state["remaining_errors"]["work"])
+        if "generalization" in state:  # states saved before the check start with no evidence
+            profile.generalization.extend(bool(a) for a in state["generalization"]["accepted"])
+            candidate = state["generalization"]["candidate"]
+            profile._candidate = None if candidate is None else compile_expr(parse(candidate))
         profile.names = AgentNames.from_state(state.get("agent_names", {}), profile.config.agent_names)
         profile.priors = LengthPriors.from_state(state.get("priors", {}), profile.config.priors)
         if state["model"] is not None:

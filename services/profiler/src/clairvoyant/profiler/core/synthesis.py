@@ -41,6 +41,11 @@ class SynthesisConfig:
     max_alternatives: int = 4
     min_acceptance: float = 0.9
     fallback_acceptance: float = 0.95
+    # A structured expression must also accept min_acceptance of the workflows that close after
+    # it was synthesised (prequential), over the last generalization_window of them once there
+    # are generalization_min; otherwise the generic loop is served (WorkflowProfile).
+    generalization_window: int = 32
+    generalization_min: int = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +56,8 @@ class SynthesisResult:
     structured: bool  # False: the generic fallback loop
     dominant_traces: int  # traces that used no pruned transition
     work: FitWork = field(default_factory=FitWork)  # acceptance checks and fitting, in operations
+    # the structured expression passed over because it does not generalise (``generalizes=False``)
+    candidate: Expr | None = None
 
 
 def dominant_bounds(values: Sequence[int], tail: float) -> tuple[int, int]:
@@ -500,10 +507,14 @@ def synthesize(
     automaton: TransitionAutomaton | None = None,
     config: SynthesisConfig = SynthesisConfig(),
     cache: DerivationCache | None = None,
+    generalizes: bool = True,
 ) -> SynthesisResult:
     """Synthesise the bounded path expression of a workflow type from its traces
     (docs/profiler.md, "Synthesis").  ``cache`` keeps derivations across calls (default: the
-    module-wide ``path_fitting.DEFAULT_CACHE``)."""
+    module-wide ``path_fitting.DEFAULT_CACHE``).  ``generalizes=False`` says the structured
+    expressions have been rejecting the workflows that closed after them (the caller keeps that
+    score, ``WorkflowProfile``): a structured expression is then returned as ``candidate`` only,
+    and the result is the generic loop, which is what is fitted."""
     keys = [tuple(t) for t in traces]
     if not keys:
         raise ValueError("synthesis needs at least one trace")
@@ -524,10 +535,13 @@ def synthesize(
     assert expr is not None
     acceptance = _acceptance(expr, shapes, cache, work)
     structured = acceptance >= config.min_acceptance
+    candidate = None
+    if structured and not generalizes:
+        candidate, structured = expr, False
     if not structured:
         expr = generic_expression(keys, config, cache, work)
         acceptance = _acceptance(expr, shapes, cache, work)
     fitted = fit(expr, shapes, cache=cache)
     work.add(fitted.work)
     work.traces, work.shapes = len(keys), len(shapes)
-    return SynthesisResult(expr, fitted.weights, acceptance, structured, len(dominant), work)
+    return SynthesisResult(expr, fitted.weights, acceptance, structured, len(dominant), work, candidate)
