@@ -15,6 +15,7 @@ from clairvoyant.bench.arrivals import Bursty
 from clairvoyant.bench.experiment import ExperimentConfig, build_cluster, compare, instance
 from clairvoyant.bench.sim.annotations import ProfilerAnnotator
 from clairvoyant.bench.sim.simulator import Simulator
+from clairvoyant.bench.sweep import sweep
 from clairvoyant.bench.workloads import get_workload
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(300)]
@@ -150,6 +151,32 @@ def test_run_sim_leaves_the_prepared_annotator_untouched() -> None:
     assert experiment.make_annotator(dataclasses.replace(PROFILED, annotations="none")) is None
     with pytest.raises(ValueError, match="unknown annotations 'psychic'"):
         experiment.make_annotator(dataclasses.replace(PROFILED, annotations="psychic"))
+
+
+def test_compare_says_when_the_warm_up_left_the_profile_unconverged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """8 warm-up workflows leave react_bfcl in SHADOW, 64 reach LOW: the file records the tiers
+    either way, and the CLI warns (before the runs) only for the first."""
+    short = compare(dataclasses.replace(PROFILED, workflows=4), ["fcfs-rr"])
+    assert short["warmup"] == {"workflows": 8, "tiers": {"react_bfcl": "shadow"}, "unserved": ["react_bfcl"]}
+    long = compare(dataclasses.replace(PROFILED, workflows=4, warmup_workflows=64), ["fcfs-rr"])
+    assert long["warmup"] == {"workflows": 64, "tiers": {"react_bfcl": "low"}, "unserved": []}
+    assert "warmup" not in compare(dataclasses.replace(PROFILED, workflows=4, annotations="oracle"), ["fcfs-rr"])
+    assert experiment.warmup_warning(long["warmup"]) is None
+    assert experiment.warmup_warning({"workflows": 0, "tiers": {}, "unserved": []}) is None
+
+    out = tmp_path / "short.json"
+    assert main(["compare", "--workload", "react_bfcl", "--policies", "fcfs-rr", "--gpus", "2", "--workflows", "4",
+                 "--concurrency", "4", "--block-size", "64", "--annotations", "profiler", "--warmup-workflows", "8",
+                 "--seed", "7", "--out", str(out)]) == 0  # fmt: skip
+    errors = capsys.readouterr().err
+    assert "warm-up of 8 workflows the profile of react_bfcl (shadow) has not converged" in errors
+    assert "--warmup-workflows" in errors
+    assert json.loads(out.read_text())["warmup"]["unserved"] == ["react_bfcl"]
+    # A sweep warms up once per level, and each point says what its warm-up left.
+    swept = sweep(dataclasses.replace(PROFILED, workflows=4), ["fcfs-rr"], "concurrency", [2, 4])
+    assert [point["warmup"]["tiers"] for point in swept["points"]] == [{"react_bfcl": "shadow"}] * 2
 
 
 def test_an_arrival_process_given_as_text_drives_the_instance(tmp_path: Path) -> None:

@@ -45,6 +45,7 @@ from clairvoyant.bench.experiment import (
     compare,
     scale_compare,
     tiers_on,
+    warmup_warning,
 )
 from clairvoyant.bench.live import validate  # noqa: F401  (registers the sim-vs-live benchmark)
 from clairvoyant.bench.live.cluster import LiveModeError
@@ -449,11 +450,13 @@ def run_command(args: argparse.Namespace) -> int:
         if args.mode == "sim" and scalings:
             with RunBars([f"{args.workload} {policies[0]} scaling {name}" for name in scalings]) as bars:
                 jobs = jobs or default_jobs(len(scalings))
-                result = scale_compare(config, scalings, policies[0], jobs=jobs, on_progress=bars.update)
+                result = scale_compare(config, scalings, policies[0], jobs=jobs, on_progress=bars.update,
+                                       on_warmup=lambda warmup: _warn(bars, warmup))  # fmt: skip
         elif args.mode == "sim":
             with RunBars([f"{args.workload} {policy}" for policy in policies]) as bars:
                 jobs = jobs or default_jobs(len(policies))
-                result = compare(config, policies, jobs=jobs, on_progress=bars.update)
+                result = compare(config, policies, jobs=jobs, on_progress=bars.update,
+                                 on_warmup=lambda warmup: _warn(bars, warmup))  # fmt: skip
         else:
             result = compare_live(config, policies, live)
     except LiveModeError as exc:
@@ -474,6 +477,12 @@ def run_command(args: argparse.Namespace) -> int:
         print(tier_table(result))
     progress(f"saved {args.out}")
     return 0
+
+
+def _warn(bars: RunBars, warmup: dict[str, Any]) -> None:
+    warning = warmup_warning(warmup)
+    if warning is not None:
+        bars.print(warning)
 
 
 def tier_table(result: dict[str, Any]) -> str:

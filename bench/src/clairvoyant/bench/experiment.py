@@ -423,6 +423,33 @@ ANNOTATORS: dict[str, Callable[[Workload, ExperimentConfig, Mapping[str, Service
 }
 
 
+SERVED_TIERS = ("low", "high")  # the profiler tiers whose paths and remaining times presets read
+
+
+def warmup_summary(annotator: Annotator | None, config: ExperimentConfig) -> dict[str, Any] | None:
+    """What the profiler learnt on the warm-up instance: its size and each workflow type's
+    confidence tier (``tiers``), and the types still unconverged (``unserved``). Those are served
+    output lengths only, so presets that read paths or remaining time rank their calls on their
+    reactive tier, and compare much as without a profiler: raise ``warmup_workflows``.  None for an
+    annotator other than the profiler's."""
+    if not isinstance(annotator, ProfilerAnnotator):
+        return None
+    tiers = annotator.tiers()
+    unserved = sorted(wt for wt, tier in tiers.items() if tier not in SERVED_TIERS)
+    return {"workflows": config.warmup_workflows, "tiers": tiers, "unserved": unserved}
+
+
+def warmup_warning(warmup: dict[str, Any] | None) -> str | None:
+    """A line for the operator when the warm-up left a workflow type unserved, else None."""
+    if warmup is None or warmup["workflows"] == 0 or not warmup["unserved"]:
+        return None  # no profiler, or learning online only by choice
+    types = ", ".join(f"{wt} ({warmup['tiers'][wt]})" for wt in warmup["unserved"])
+    return (f"warning: after a warm-up of {warmup['workflows']} workflows the profile of {types} has not "
+            "converged: only output lengths are served, and presets that read paths or remaining time "
+            "rank its calls on their reactive tier; raise --warmup-workflows (a burst of coding_assistant "
+            "needs about 192)")  # fmt: skip
+
+
 def make_annotator(config: ExperimentConfig) -> Annotator | None:
     """The annotator ``config.annotations`` names, ready for a measured run (the profiler: trained
     on the warm-up instance)."""
@@ -553,22 +580,42 @@ def compare(
     *,
     jobs: int = 1,
     on_progress: ProgressCallback | None = None,
+    on_warmup: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Every policy in the simulator, ``jobs`` runs at a time (parallel.py; the results do not
-    depend on it), ``on_progress`` called with (index in ``policies``, where that run stands).
+    depend on it), ``on_progress`` called with (index in ``policies``, where that run stands),
+    ``on_warmup`` with the profiler's ``warmup_summary`` before the first run.
     The live counterpart is ``live.run.compare_live``."""
     check_scaling(config)
     check_tiers(config)
     started = time.perf_counter()
-    prepared = make_annotator(config)
+    prepared, warmup = _prepared_annotator(config, on_warmup)
     tasks = [SimTask(config, policy, prepared, run_sim) for policy in policies]
     results = dict(zip(policies, run_tasks(tasks, jobs, on_progress), strict=True))
-    return compare_result(config, "sim", results, time.perf_counter() - started)
+    return compare_result(config, "sim", results, time.perf_counter() - started, warmup)
 
 
-def compare_result(config: ExperimentConfig, mode: str, results: dict[str, Any], wall_seconds: float) -> dict[str, Any]:
-    """A compare results file: the instance's identity and every policy's metrics."""
-    return {
+def _prepared_annotator(
+    config: ExperimentConfig, on_warmup: Callable[[dict[str, Any]], None] | None
+) -> tuple[Annotator | None, dict[str, Any] | None]:
+    """``make_annotator`` and its ``warmup_summary``, which ``on_warmup`` is given before any run starts."""
+    prepared = make_annotator(config)
+    warmup = warmup_summary(prepared, config)
+    if warmup is not None and on_warmup is not None:
+        on_warmup(warmup)
+    return prepared, warmup
+
+
+def compare_result(
+    config: ExperimentConfig,
+    mode: str,
+    results: dict[str, Any],
+    wall_seconds: float,
+    warmup: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A compare results file: the instance's identity, every policy's metrics and, with the
+    profiler's annotations, what its warm-up left (``warmup_summary``)."""
+    file = {
         "workload": config.workload,
         "mode": mode,
         "seed": config.seed,
@@ -576,6 +623,9 @@ def compare_result(config: ExperimentConfig, mode: str, results: dict[str, Any],
         "config": config_dict(config),
         "policies": results,
     }
+    if warmup is not None:
+        file["warmup"] = warmup
+    return file
 
 
 def config_dict(config: ExperimentConfig) -> dict[str, Any]:
@@ -593,6 +643,7 @@ def scale_compare(
     *,
     jobs: int = 1,
     on_progress: ProgressCallback | None = None,
+    on_warmup: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """One scheduling ``preset`` under each scaling policy, on the same instance; the file is a
     compare file whose entries are named by scaling policy (each one's config has its ``scaling``)."""
@@ -600,12 +651,13 @@ def scale_compare(
     configs = [dataclasses.replace(config, scaling=scaling) for scaling in scalings]
     for each in configs:
         check_scaling(each)
-    prepared = make_annotator(config)
+    prepared, warmup = _prepared_annotator(config, on_warmup)
     tasks = [SimTask(each, preset, prepared, run_sim) for each in configs]
     results = dict(zip(scalings, run_tasks(tasks, jobs, on_progress), strict=True))
     for result in results.values():
         result["preset"] = preset
-    file = compare_result(dataclasses.replace(config, scaling=scalings[0]), "sim", results, time.perf_counter() - started)
+    first = dataclasses.replace(config, scaling=scalings[0])
+    file = compare_result(first, "sim", results, time.perf_counter() - started, warmup)
     file["kind"] = "scale-compare"
     file["preset"] = preset
     file["config"]["scaling"] = None  # it varies: each entry says its own

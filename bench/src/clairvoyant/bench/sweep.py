@@ -25,7 +25,15 @@ from typing import Any
 from clairvoyant.bench import scenarios
 from clairvoyant.bench.arrivals import parse_arrivals
 from clairvoyant.bench.common import RunBars, progress, rounded
-from clairvoyant.bench.experiment import ANNOTATORS, ExperimentConfig, compare_result, make_annotator, run_sim
+from clairvoyant.bench.experiment import (
+    ANNOTATORS,
+    ExperimentConfig,
+    compare_result,
+    make_annotator,
+    run_sim,
+    warmup_summary,
+    warmup_warning,
+)
 from clairvoyant.bench.parallel import ProgressCallback, SimTask, default_jobs, run_tasks
 from clairvoyant.bench.workloads import WorkloadDataError, check_workload_name
 from clairvoyant.policy import PRESETS
@@ -74,6 +82,7 @@ def sweep(
         _level(config, load_kind, load, spec, count) for load, spec, count in zip(loads, specs, counts, strict=True)
     ]
     prepared = [make_annotator(c) for c in configs]  # once per level, as ``compare`` does
+    warmups = [warmup_summary(a, c) for c, a in zip(configs, prepared, strict=True)]
     tasks = [SimTask(c, policy, a, run_sim) for c, a in zip(configs, prepared, strict=True) for policy in policies]
     points: list[dict[str, Any] | None] = [None] * len(loads)
     runs: dict[int, dict[str, Any]] = {}
@@ -85,7 +94,7 @@ def sweep(
         if all(i in runs for i in range(first, first + len(policies))):
             results = {policy: runs[first + i] for i, policy in enumerate(policies)}
             wall = sum(r["wall_seconds"] for r in results.values())
-            point = points[level] = {"load": loads[level], **compare_result(configs[level], "sim", results, wall)}
+            point = points[level] = {"load": loads[level], **compare_result(configs[level], "sim", results, wall, warmups[level])}
             if on_point is not None:
                 on_point(loads[level], point)
 
@@ -210,6 +219,9 @@ def run_command(args: argparse.Namespace) -> int:
         def done(load: float, point: dict[str, Any]) -> None:
             summary = ", ".join(f"{p} avg JCT {m['avg_jct_s']:.1f} s" for p, m in point["policies"].items())
             bars.print(f"{load_kind} {load:g}: {summary} ({point['wall_seconds']:.0f} s of runs)")
+            warning = warmup_warning(point.get("warmup"))
+            if warning is not None:
+                bars.print(f"{load_kind} {load:g}: {warning}")
 
         jobs = args.jobs or default_jobs(len(labels))
         result = sweep(config, policies, load_kind, loads, workflows=counts, arrivals=plan.arrivals, jobs=jobs,

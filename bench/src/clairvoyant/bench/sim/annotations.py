@@ -98,6 +98,10 @@ class ProfilerAnnotator:
         profile = self.store.profiles.get((TENANT, workflow_type))
         return profile.confidence.tier if profile is not None else profiler.Tier.NONE
 
+    def tiers(self) -> dict[str, str]:
+        """Every workflow type seen so far, with its profile's confidence tier (``"shadow"``, ...)."""
+        return {wt: p.confidence.tier.value for (tenant, wt), p in sorted(self.store.profiles.items()) if tenant == TENANT}
+
 
 def warm_up(
     annotator: ProfilerAnnotator,
