@@ -160,6 +160,11 @@ def test_preemption_by_recompute_reproduces_unpreempted_tokens(enable_prefix_cac
     assert all(len(c.token_ids) == 20 for c in got.values())
     stats = tiny.stats()
     assert stats.kv_blocks_used == stats.kv_blocks_cached
+    # A re-admitted request finds its own blocks again (with the cache on, the tiny engine's
+    # re-admissions hit 104 tokens): the engine counts each request's hit once, the one its usage
+    # reports, so the hit ratio stays a share of the prompts.
+    for engine, results in ((tiny, got), (roomy, want)):
+        assert engine.stats().cached_prompt_tokens_total == sum(c.final.cached_tokens for c in results.values())
 
 
 def test_waiting_request_preempts_less_urgent_running_when_seats_run_out() -> None:

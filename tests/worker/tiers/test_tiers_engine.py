@@ -109,3 +109,20 @@ def test_retaining_a_chains_last_block_pins_its_whole_prefix_and_a_full_pool_sti
     e.apply_directive(Directive("drop", "acme", block_hashes=(head.block_hash,), target_tier=1))
     assert e.tiers.retained_blocks(1) == []
     run(e, request("c", OTHER))  # needs all 12 blocks
+
+
+def test_a_pre_prefill_is_cache_work_and_counts_in_no_request_hit() -> None:
+    """A pre-prefill that reuses a cached prefix neither adds a prompt nor a hit; the request it
+    prepares then counts its whole hit once (the hit ratio stays a share of request prompts)."""
+    e = engine(num_blocks=64)
+    run(e, request("a", SHARED + [9]))
+    before = e.stats()
+    assert (before.prompt_tokens_total, before.hit_tokens, before.cached_prompt_tokens_total) == (81, (0, 0, 0), 0)
+    e.pre_prefill("acme", SHARED + OTHER[:32] + [1], Lineage("acme", "wf"))
+    drain(e)
+    after = e.stats()
+    assert (after.prompt_tokens_total, after.hit_tokens, after.cached_prompt_tokens_total) == (81, (0, 0, 0), 0)
+    _, cached = run(e, request("b", SHARED + OTHER[:32] + [2]))
+    assert cached == 112  # the 80 of "a" and the 32 the pre-prefill computed
+    stats = e.stats()
+    assert (stats.prompt_tokens_total, stats.hit_tokens, stats.cached_prompt_tokens_total) == (81 + 113, (112, 0, 0), 112)

@@ -258,11 +258,15 @@ class _Step:
             if tiers is not None:
                 tiers.not_admitted(seq)
             return False
+        # A request's hit counts once, at its first admission (its usage.cached_tokens): after a
+        # preemption it finds its own blocks again, and a pre-prefill is cache work, not a request.
+        counted = seq.cached_tokens is None and not seq.background
         if tiers is not None:
-            tiers.admitted(seq, cached)
+            tiers.admitted(seq, cached, counted)
         if seq.cached_tokens is None:
             seq.cached_tokens = cached
-        self.out.cached_tokens += min(cached, seq.prompt_len)
+        if counted:
+            self.out.cached_tokens += min(cached, seq.prompt_len)
         self.out.admitted.append(seq)
         return True
 

@@ -398,17 +398,19 @@ class KvTiers:
         from_l3 = min(promoted, self._staged.pop(seq.seq_id, 0))
         self._admission_hits[seq.seq_id] = (promoted, from_l3)
 
-    def admitted(self, seq: Seq, cached_tokens: int) -> None:
-        """Count the admitted ``seq``'s hit by tier, and write its hit blocks to L3 when the policy
-        is ``write_through_selective`` (a hit is a block's second use)."""
+    def admitted(self, seq: Seq, cached_tokens: int, counted: bool = True) -> None:
+        """Count the admitted ``seq``'s hit by tier when ``counted`` (a request's first admission),
+        and write its hit blocks to L3 when the policy is ``write_through_selective`` (a hit is a
+        block's second use)."""
         promoted, from_l3 = self._admission_hits.pop(seq.seq_id, (0, 0))
         bs, hits = self.block_size, self.counters.hit_tokens
         cached_blocks = cached_tokens // bs
         promoted = min(promoted, cached_blocks)
         from_l3 = min(from_l3, promoted)
-        hits[1] += (cached_blocks - promoted) * bs
-        hits[2] += (promoted - from_l3) * bs
-        hits[3] += from_l3 * bs
+        if counted:
+            hits[1] += (cached_blocks - promoted) * bs
+            hits[2] += (promoted - from_l3) * bs
+            hits[3] += from_l3 * bs
         if self.config.write_policy == "write_through_selective" and cached_blocks:
             self._write_l1_blocks(seq.namespace, seq.block_table[:cached_blocks])
 

@@ -86,14 +86,14 @@ class EngineStats:
     preemptions_total: int
     prompt_tokens_total: int  # prompt tokens of all added requests
     computed_prompt_tokens_total: int  # prompt positions run through the model (recomputes count again)
-    cached_prompt_tokens_total: int  # prompt positions served from the prefix cache (each admission)
+    cached_prompt_tokens_total: int  # prompt tokens served from the prefix cache (each request's first admission)
     generated_tokens_total: int
     max_num_seqs: int
     decode_speed: DecodeSpeed | None = None  # None: not known yet (or the engine does not say)
     # KV tiers (core/tiers.py); zeros without them
     l2_blocks_used: int = 0
     l2_blocks_total: int = 0
-    hit_tokens: tuple[int, int, int] = (0, 0, 0)  # prompt tokens served from L1, L2, L3 (each admission)
+    hit_tokens: tuple[int, int, int] = (0, 0, 0)  # of those, served from L1, L2, L3
     l3_backend: str = ""  # the L3 store's name; "" without one
     demoted_blocks_total: int = 0
     promoted_blocks_total: int = 0
