@@ -122,7 +122,7 @@ class CacheTiers:
         params["runs"] = runs_by_workload
         notes = [
             "hit ratios are prompt tokens served from each tier over the prompt tokens the engines took "
-            "(summed over replicas; a preempted call admitted again counts again)",
+            "(summed over replicas; each call once, at its first admission)",
             "prefill tokens saved: prompt tokens served from any tier instead of being recomputed",
             "every ratio is against L1 alone on the same instance (same seed), measured in this run",
             "plain LRU in every tier and no cache directives: the baseline a cache manager must beat",

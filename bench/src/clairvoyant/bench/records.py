@@ -54,8 +54,9 @@ class WorkflowRecord:
 class KvTierTotals:
     """The engines' KV tier counters (``EngineStats``), summed over a run's replicas.
 
-    Hits are counted at each admission (a preempted call admitted again counts again), so the hit
-    ratios are of ``prompt_tokens`` as the engines saw them, not of the calls' prompts.
+    A request's hit is counted once, at its first admission (a preempted call admitted again finds
+    its own blocks, and that is not counted again; a pre-prefill is no request), so the hit ratios
+    are the calls' ``cache_hit_ratio`` split by tier.
     """
 
     prompt_tokens: int = 0  # prompt tokens of every request the engines took
