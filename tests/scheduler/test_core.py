@@ -8,7 +8,8 @@ import pytest
 
 from clairvoyant.contracts.v1 import worker_pb2
 from clairvoyant.core.errors import InvalidRequest, NoWorkers, QueueFull
-from clairvoyant.policy.scheduling import FcfsPriority
+from clairvoyant.policy.capabilities import Capability
+from clairvoyant.policy.scheduling import Backfill, FcfsPriority, RoundRobinRouting
 from clairvoyant.scheduler import convert
 from clairvoyant.scheduler.core import (
     GlobalScheduler,
@@ -293,6 +294,51 @@ def test_head_of_line_blocks_within_a_model_but_not_across_models() -> None:
     assert placed_on(sched, 2.0) == [("o1", "x1")]
     assert sched.complete("fill")
     assert placed_on(sched, 3.0) == [("head", "w1"), ("next", "w2")]
+
+
+class BackfillingRoundRobin(RoundRobinRouting):
+    capabilities = frozenset({Capability.BACKFILLS})
+
+    def __init__(self, bound: Backfill) -> None:
+        super().__init__()
+        self.bound = bound
+
+    def backfill(self) -> Backfill:
+        return self.bound
+
+
+def _blocked_head(bound: Backfill, heads: int = 1) -> GlobalScheduler:
+    """w1 busy, w2 free; ``heads`` calls that only w1 may take, then "next" and "last", which fit."""
+    sched = GlobalScheduler(FcfsPriority(), BackfillingRoundRobin(bound), policy_name="test")
+    sched.update_worker(report("w1", max_batch=1), now=0.0)
+    sched.update_worker(report("w2", max_batch=2), now=0.0)
+    sched.submit(req("fill", 0.0), now=0.0)
+    assert placed_on(sched, 0.0) == [("fill", "w1")]
+    for i in range(heads):
+        sched.submit(req(f"head{i}", 1.0 + i / 10, exclude=["w2"]), now=1.0)
+    sched.submit(req("next", 2.0), now=2.0)
+    sched.submit(req("last", 3.0), now=3.0)
+    return sched
+
+
+def test_a_backfilling_policy_passes_over_a_call_that_does_not_fit_and_keeps_its_place() -> None:
+    sched = _blocked_head(Backfill(depth=1, max_wait_s=30.0))
+    assert placed_on(sched, 3.0) == [("next", "w2"), ("last", "w2")]
+    assert sched.complete("fill")
+    assert placed_on(sched, 4.0) == [("head0", "w1")]  # still first in line for w1
+
+
+def test_backfill_stops_at_its_depth_and_at_its_wait_bound() -> None:
+    # Two calls in front that do not fit, depth 1: the second one blocks as before.
+    assert placed_on(_blocked_head(Backfill(depth=1, max_wait_s=30.0), heads=2), 3.0) == []
+    assert placed_on(_blocked_head(Backfill(depth=2, max_wait_s=30.0), heads=2), 3.0) == [("next", "w2"), ("last", "w2")]
+    # The head has waited 30 s (it arrived at 1.0): strict order again, nothing passes it.
+    assert placed_on(_blocked_head(Backfill(depth=1, max_wait_s=30.0)), 31.0) == []
+    assert placed_on(_blocked_head(Backfill(depth=1, max_wait_s=30.0)), 30.9) == [("next", "w2"), ("last", "w2")]
+    # Depth 0 is the default rule.
+    assert placed_on(_blocked_head(Backfill(depth=0)), 3.0) == []
+    with pytest.raises(ValueError, match="depth and max_wait_s must be >= 0"):
+        Backfill(depth=-1)
 
 
 def test_heartbeat_proto_and_snapshot_numbers() -> None:

@@ -35,6 +35,7 @@ class Capability(enum.Enum):
     ASSIGNS_MODELS = "assign"  # places the calls of model groups, choosing each call's model (Aragog)
     WAKES = "wake_at"  # names a time dispatch must run at even if nothing else happens
     ADMITS = "admission_limit"  # caps the placements held on each worker (late binding at the knee)
+    BACKFILLS = "backfill"  # lets dispatch pass over calls that do not fit, within a bound
 
 
 HOOKS = frozenset(capability.value for capability in Capability)

@@ -31,6 +31,9 @@ Each part, and what it replaces, is chosen by a measurement in docs/scheduling.m
   its whole life and, with ε, caps the calls per node); among the workers it fits, the call's
   session worker wins while its expected peak stays under 0.8 of its KV (SAGA §5.1's load
   threshold), else the lowest expected peak (Kairos §6).
+- Passing over.  A call that fits no worker does not hold back the calls behind it that do: up
+  to 16 such calls are passed over while the head has waited under 30 s (``Backfill``), measured
+  in docs/scheduling.md ("Passing over a call that does not fit").
 - Admission.  Each worker holds placements only up to the knee of its decode throughput
   (``KneeAdmission``, φ = 0.7), so the priority decides who runs and the calls it puts first
   decode at a batch's efficient size; measured better than no limit (docs/scheduling.md).
@@ -54,6 +57,7 @@ from clairvoyant.policy.pythia import PythiaAgingRule, completion_score, trusted
 from clairvoyant.policy.scheduling import (
     PRIORITY_POLICIES,
     ROUTING_POLICIES,
+    Backfill,
     LocalRule,
     PriorityChanges,
     ProgramRows,
@@ -154,6 +158,10 @@ class ClairvoyantGittinsPriority(ClairvoyantPriority):
 class ClairvoyantRoutingConfig:
     slots: TimeSlotConfig = TimeSlotConfig()
     affinity_load: float = 0.8  # SAGA §5.1: stay on the session's worker below this expected peak / KV
+    # Calls that do not fit may be passed over (``Backfill``): program-start order puts the oldest
+    # programs' long contexts at the head, and without it one that does not fit holds back every
+    # call that would (measured in docs/scheduling.md, "Passing over a call that does not fit").
+    backfill: Backfill = Backfill()
 
     def __post_init__(self) -> None:
         if not 0.0 < self.affinity_load <= 1.0:
@@ -167,14 +175,19 @@ class ClairvoyantRouting(KairosTimeSlotRouting):
     Among the eligible, unsuspended workers the call fits (``KairosTimeSlotRouting.fit``): the
     session's worker (``Program.engine_id``) when its expected peak with the call is below
     ``affinity_load`` × its KV capacity; otherwise the lowest expected peak, then the smaller id.
-    The chosen worker becomes the session's worker.  None fits: the call waits.
+    The chosen worker becomes the session's worker.  None fits: the call waits, and dispatch may
+    pass over it to calls that fit (``backfill``, up to 16 calls while the head has waited under
+    30 s).
     """
 
-    capabilities = frozenset({Capability.PROGRAM_AWARE, Capability.OBSERVES_WORKERS})
+    capabilities = frozenset({Capability.PROGRAM_AWARE, Capability.OBSERVES_WORKERS, Capability.BACKFILLS})
 
     def __init__(self, config: ClairvoyantRoutingConfig | None = None) -> None:
         self.routing_config = config or ClairvoyantRoutingConfig()
         super().__init__(self.routing_config.slots)
+
+    def backfill(self) -> Backfill:
+        return self.routing_config.backfill
 
     def prefers(self, request: QueuedRequest, worker: WorkerView, peak: float) -> bool:
         """The session's worker, while its expected peak stays under the affinity load."""

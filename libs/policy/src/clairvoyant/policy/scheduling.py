@@ -11,6 +11,7 @@ contract; a policy opts in by naming the hook's ``Capability``, never by type pr
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from clairvoyant.policy.capabilities import Capability, PolicyRegistry
@@ -270,6 +271,32 @@ class Admitting(Protocol):
         """May a call more urgent than the least urgent placement on a worker at its limit be
         placed there beyond it (up to max_batch)?  The placement then carries the limit as the
         engine's seat limit (``Decision.seat_limit``), so the engine preempts for it.  Read once."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Backfill:
+    """How far dispatch may pass over calls the routing policy cannot place (``Backfilling``).
+
+    Without it dispatch stops at the first such call of a model, so one call that does not fit
+    (a long context on a worker short of KV) holds back every call behind it that would.  With it,
+    up to ``depth`` such calls per model and dispatch are passed over, in priority order, while the
+    first of them (the model's head) has waited less than ``max_wait_s``; after that the head blocks
+    its model again until it is placed, so passing over can delay it by ``max_wait_s`` at most
+    before strict priority order takes over.  EASY backfilling's idea (Lifka 1995), with a wait
+    bound in place of a reservation."""
+
+    depth: int = 16
+    max_wait_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.depth < 0 or self.max_wait_s < 0:
+            raise ValueError(f"backfill depth and max_wait_s must be >= 0, got {self.depth}, {self.max_wait_s}")
+
+
+class Backfilling(Protocol):
+    def backfill(self) -> Backfill:
+        """The bound on passing over calls that cannot be placed now.  Read once."""
         ...
 
 

@@ -28,6 +28,8 @@ from clairvoyant.policy.presets import build_policies, engine_rule_of
 from clairvoyant.policy.process_table import ProcessTable, ProgramKey, program_key
 from clairvoyant.policy.scheduling import (
     Admitting,
+    Backfill,
+    Backfilling,
     EngineQueued,
     FixedPriority,
     IncrementalPriority,
@@ -55,7 +57,7 @@ from clairvoyant.policy.types import (
 from clairvoyant.scheduler.core.inspection import SchedulerInspection
 from clairvoyant.scheduler.core.leases import LeaseBook, Reclaimed
 from clairvoyant.scheduler.core.placements import PlacementBook
-from clairvoyant.scheduler.core.queues import GlobalQueues
+from clairvoyant.scheduler.core.queues import Entry, GlobalQueues
 from clairvoyant.scheduler.core.traffic import TrafficCounters
 from clairvoyant.scheduler.core.workers import WorkerRegistry
 
@@ -129,6 +131,9 @@ class GlobalScheduler(SchedulerInspection):
         self._observer = cast(WorkerObserver, routing) if Capability.OBSERVES_WORKERS in routing_can else None
         self._assigner = cast(ModelAssigning, routing) if Capability.ASSIGNS_MODELS in routing_can else None
         self._waking = cast(Waking, routing) if Capability.WAKES in routing_can else None
+        self._backfill: Backfill | None = (
+            cast(Backfilling, routing).backfill() if Capability.BACKFILLS in routing_can else None
+        )
         if self._assigner is not None:
             self._workers.groups = {g: frozenset(m) for g, m in self._assigner.group_models().items()}
             self._queues.unranked = frozenset(self._workers.groups)
@@ -246,6 +251,8 @@ class GlobalScheduler(SchedulerInspection):
         dispatch stops at the first request the policy answers None for, even if a lower-priority
         request could be placed; skipping ahead would let small or unconstrained requests starve
         the head of the queue, and priority order is the contract the policies are written for.
+        A routing policy that ``BACKFILLS`` bounds an exception (``Backfill``): dispatch may pass
+        over a few such requests while the model's head has not waited long.
         """
         if self._rebalancing is not None:
             self._rebalancing.rebalance(now)
@@ -258,6 +265,7 @@ class GlobalScheduler(SchedulerInspection):
                 self._dispatch_group(model, now, decisions)
                 continue
             ranked = self._queues.ranked(model, now)
+            passed: list[Entry] = []
             while (top := self._queues.head(model, ranked)) is not None:
                 negated, _, _, request = top
                 worker_id = self.routing_policy.route(request, self._workers.views(), now)
@@ -268,10 +276,25 @@ class GlobalScheduler(SchedulerInspection):
                 elif self._displaces:
                     worker_id = self._displacing_worker(request, -negated)
                 if worker_id is None:
-                    break  # it stays at the top of a fixed-priority heap
+                    if not self._may_pass(passed, request, now):
+                        break  # it stays at the top of a fixed-priority heap
+                    passed.append(self._queues.pass_over(ranked))
+                    continue
                 self._queues.take_head(model, ranked)
                 decisions.append(self._place(request, worker_id, -negated, now))
+            self._queues.restore(ranked, passed)
         return decisions
+
+    def _may_pass(self, passed: list[Entry], request: QueuedRequest, now: float) -> bool:
+        """May dispatch pass over ``request``, which cannot be placed now, having passed over
+        ``passed`` already?  Only under the routing policy's ``Backfill``: fewer than its depth
+        passed, and the model's head (the first passed, else ``request``) waiting less than its
+        max wait."""
+        bound = self._backfill
+        if bound is None or len(passed) >= bound.depth:
+            return False
+        head = passed[0][3] if passed else request
+        return now - head.arrival_time < bound.max_wait_s
 
     def _displacing_worker(self, request: QueuedRequest, priority: float) -> str | None:
         """Admission at the knee (``Capability.ADMITS``): a worker at its limit where ``request``

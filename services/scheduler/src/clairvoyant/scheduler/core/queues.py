@@ -147,6 +147,16 @@ class GlobalQueues:
             return top
         return None
 
+    def pass_over(self, ranked: list[Entry]) -> Entry:
+        """Set ``head``'s entry aside: it stays queued, and ``restore`` puts it back."""
+        return heapq.heappop(ranked)
+
+    def restore(self, ranked: list[Entry], passed: list[Entry]) -> None:
+        """Put the entries ``pass_over`` set aside back in the heap (those placed or removed since
+        become stale entries, which ``head`` skips)."""
+        for entry in passed:
+            heapq.heappush(ranked, entry)
+
     def take_head(self, model: str, ranked: list[Entry]) -> QueuedRequest:
         """Remove ``head``'s request from the heap and the queue: it is being placed."""
         request = heapq.heappop(ranked)[3]
