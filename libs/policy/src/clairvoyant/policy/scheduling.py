@@ -282,9 +282,9 @@ class Backfill:
     (a long context on a worker short of KV) holds back every call behind it that would.  With it,
     up to ``depth`` such calls per model and dispatch are passed over, in priority order, while the
     first of them (the model's head) has waited less than ``max_wait_s``; after that the head blocks
-    its model again until it is placed, so passing over can delay it by ``max_wait_s`` at most
-    before strict priority order takes over.  EASY backfilling's idea (Lifka 1995), with a wait
-    bound in place of a reservation."""
+    its model again until it is placed, as without it.  So a call is passed over only in its first
+    ``max_wait_s`` at the head (the calls placed meanwhile may still hold the room it needs for
+    longer).  EASY backfilling's idea (Lifka 1995), with a wait bound in place of a reservation."""
 
     depth: int = 16
     max_wait_s: float = 30.0
