@@ -441,8 +441,8 @@ def warmup_summary(annotator: Annotator | None, config: ExperimentConfig) -> dic
 
 def warmup_warning(warmup: dict[str, Any] | None) -> str | None:
     """A line for the operator when the warm-up left a workflow type unserved, else None."""
-    if warmup is None or warmup["workflows"] == 0 or not warmup["unserved"]:
-        return None  # no profiler, or learning online only by choice
+    if warmup is None or not warmup["unserved"]:
+        return None  # no profiler, every type served, or no warm-up (learning online only, by choice)
     types = ", ".join(f"{wt} ({warmup['tiers'][wt]})" for wt in warmup["unserved"])
     return (f"warning: after a warm-up of {warmup['workflows']} workflows the profile of {types} has not "
             "converged: only output lengths are served, and presets that read paths or remaining time "

@@ -260,11 +260,12 @@ class _Step:
             return False
         # A request's hit counts once, at its first admission (its usage.cached_tokens): after a
         # preemption it finds its own blocks again, and a pre-prefill is cache work, not a request.
-        counted = seq.cached_tokens is None and not seq.background
+        first = seq.cached_tokens is None
+        if first:
+            seq.cached_tokens = cached
+        counted = first and not seq.background
         if tiers is not None:
             tiers.admitted(seq, cached, counted)
-        if seq.cached_tokens is None:
-            seq.cached_tokens = cached
         if counted:
             self.out.cached_tokens += min(cached, seq.prompt_len)
         self.out.admitted.append(seq)

@@ -398,7 +398,7 @@ class KvTiers:
         from_l3 = min(promoted, self._staged.pop(seq.seq_id, 0))
         self._admission_hits[seq.seq_id] = (promoted, from_l3)
 
-    def admitted(self, seq: Seq, cached_tokens: int, counted: bool = True) -> None:
+    def admitted(self, seq: Seq, cached_tokens: int, counted: bool) -> None:
         """Count the admitted ``seq``'s hit by tier when ``counted`` (a request's first admission),
         and write its hit blocks to L3 when the policy is ``write_through_selective`` (a hit is a
         block's second use)."""
